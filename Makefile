@@ -1,0 +1,67 @@
+# One entry point for everything: run, test, sanitize, fuzz, bench, soak, lint, format.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) setup.py pyproject.toml
+PYTEST_ARGS ?=
+FUZZ_SECONDS ?= 20
+
+.PHONY: run test test-fast sanitize fuzz bench soak lint format typecheck deps native clean
+
+deps:
+	@scripts/install-system-deps.sh
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip setuptools wheel
+
+# Editable install; re-run whenever the C sources or the metadata change.
+$(STAMP): $(VPY) $(NATIVE_SRC)
+	@scripts/install-system-deps.sh
+	$(VPY) -m pip install -q --no-build-isolation -e '.[test]'
+	$(VPY) setup.py -q build_ext --inplace
+	@touch $@
+
+native: $(STAMP)
+
+# pytest exits 5 when it collected no test: that is a failure here, not a pass.
+test: $(STAMP)
+	$(VPY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# The native client's tests again, with ASan + UBSan (msgspec's recipe).
+sanitize: $(STAMP)
+	rm -rf build/sanitize && CREATEOS_SANITIZE=1 $(VPY) setup.py -q build_ext --inplace --build-temp build/sanitize --force
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(VPY) -m pytest -p no:cacheprovider tests/native $(PYTEST_ARGS); rc=$$?; \
+	  $(VPY) setup.py -q build_ext --inplace --force >/dev/null; exit $$rc
+
+fuzz: deps
+	$(MAKE) -C csrc/fuzz run FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+bench: $(STAMP)
+	$(VPY) -m pip install -q '.[bench]' --no-build-isolation -e .
+	$(VPY) benchmarks/run.py
+
+soak: $(STAMP)
+	SOAK_SECONDS=$${SOAK_SECONDS:-1800} $(VPY) -m pytest tests/reliability/test_soak.py -s $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy langflow_sandbox_createos
+
+run: $(STAMP)
+	scripts/run-langflow.sh
+
+clean:
+	rm -rf build dist *.egg-info langflow_sandbox_createos/*.so csrc/fuzz/bin

@@ -1,0 +1,306 @@
+"""Every environment variable the plugin reads, parsed and validated in one place.
+
+Nothing here runs at import time: lfx imports the plugin while it is still
+building its own settings, so each value is read when a surface asks for it.
+A bad value raises `SettingsError`, whose message names the variable, what was
+wrong with it and how to fix it. The API key is never echoed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+DEFAULT_BASE_URL = "https://api.sb.createos.sh"
+DEFAULT_ROOTFS = "devbox:1"
+DEFAULT_COMPONENT_SHAPE = "s-2vcpu-4gb"
+DEFAULT_EXECUTOR_SHAPE = "s-4vcpu-8gb"
+DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+MIN_SHAPE_MEMORY_MIB = 4096
+KEY_HELP_URL = "https://createos.sh/app/profile"
+
+# Langflow's own sandbox defaults (lfx SecuritySettings).
+LANGFLOW_TIMEOUT_DEFAULT = 30
+LANGFLOW_MEMORY_DEFAULT = 192
+MAX_TIMEOUT_SECONDS = 3600
+
+_TRUE = frozenset({"1", "true", "yes", "on", "y", "t"})
+_FALSE = frozenset({"0", "false", "no", "off", "n", "f"})
+
+
+class SettingsError(ValueError):
+    """A setting has a value the plugin cannot use. The message names the fix."""
+
+
+def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if environ is None else environ
+
+
+def raw(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The stripped value of `name`, or None when it is unset or blank."""
+    value = _env(environ).get(name)
+    if value is None:
+        return None
+    value = value.strip()
+    return value or None
+
+
+def parse_bool(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    value = raw(name, environ)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise SettingsError(f"{name}={value!r} is not a boolean. Use true or false (also accepted: 1/0, yes/no, on/off).")
+
+
+def parse_int(
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    value = raw(name, environ)
+    if value is None:
+        return default
+    try:
+        number = int(value, 10)
+    except ValueError:
+        raise SettingsError(f"{name}={value!r} is not a whole number. Set it to an integer such as {default}.") from None
+    if minimum is not None and number < minimum:
+        raise SettingsError(f"{name}={number} is below the minimum of {minimum}. Set it to at least {minimum}.")
+    if maximum is not None and number > maximum:
+        raise SettingsError(f"{name}={number} is above the maximum of {maximum}. Set it to at most {maximum}.")
+    return number
+
+
+def parse_list(name: str, environ: Mapping[str, str] | None = None) -> tuple[str, ...] | None:
+    """A comma-separated list; None when unset or blank."""
+    value = raw(name, environ)
+    if value is None:
+        return None
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+# --- credentials and endpoint ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    value: str
+    source: str  # the variable it came from
+
+    def __repr__(self) -> str:  # never show the key
+        return f"ApiKey(source={self.source!r}, value=<redacted>)"
+
+    __str__ = __repr__
+
+
+def api_key(environ: Mapping[str, str] | None = None) -> ApiKey:
+    """The API key from CREATEOS_SANDBOX_API_KEY, falling back to CREATEOS_API_KEY."""
+    for name in ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY"):
+        value = raw(name, environ)
+        if value is None:
+            continue
+        if any(ord(ch) < 0x21 or ord(ch) > 0x7E for ch in value):
+            raise SettingsError(
+                f"{name} contains whitespace, control or non-ASCII characters, which cannot be sent in an "
+                "HTTP header. Copy the key again without extra characters."
+            )
+        return ApiKey(value, name)
+    raise SettingsError(
+        "No CreateOS API key: set CREATEOS_SANDBOX_API_KEY (or CREATEOS_API_KEY). "
+        f"Create a key at {KEY_HELP_URL}."
+    )
+
+
+def is_loopback_host(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def base_url(environ: Mapping[str, str] | None = None) -> str:
+    """CREATEOS_SANDBOX_BASE_URL, validated: https (plain http only to a loopback host),
+    no credentials, query or fragment. A path prefix is kept."""
+    name = "CREATEOS_SANDBOX_BASE_URL"
+    value = raw(name, environ) or DEFAULT_BASE_URL
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # raises on a malformed port
+    except ValueError as exc:
+        raise SettingsError(f"{name}={value!r} is not a valid URL ({exc}). Example: {DEFAULT_BASE_URL}") from None
+    del port
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(f"{name}={value!r} must be an http(s) URL with a host, such as {DEFAULT_BASE_URL}.")
+    if parts.username is not None or parts.password is not None:
+        raise SettingsError(f"{name} must not contain credentials; the key goes in CREATEOS_SANDBOX_API_KEY.")
+    if parts.query or parts.fragment:
+        raise SettingsError(f"{name}={value!r} must not have a query string or fragment.")
+    if parts.scheme == "http" and not is_loopback_host(parts.hostname):
+        raise SettingsError(
+            f"{name}={value!r} uses plain http to a non-loopback host, which would send the API key "
+            "unencrypted. Use https:// (plain http is allowed only for 127.0.0.1, ::1 and localhost)."
+        )
+    return value.rstrip("/")
+
+
+# --- the sandbox backend -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    timeout_seconds: int
+    memory_mb: int
+    allow_network: bool
+    allowed_domains: tuple[str, ...]
+    accept_egress_exceptions: bool
+    rootfs: str
+    shape: str | None  # pinned, or None for automatic choice
+    max_output_bytes: int
+    warm_pool: int
+
+
+def _lfx_sandbox_settings() -> object | None:
+    """lfx's view of the LANGFLOW_SANDBOX_* settings (it may come from a .env or code)."""
+    try:
+        from lfx.utils.sandbox.base import _sandbox_settings
+
+        return _sandbox_settings()
+    except Exception:  # the settings stack is absent or failed to build: env vars decide
+        return None
+
+
+def backend_settings(environ: Mapping[str, str] | None = None) -> BackendSettings:
+    """Settings of the sandbox backend. An explicit LANGFLOW_SANDBOX_* variable is parsed
+    here (with a clear error); otherwise lfx's settings service decides."""
+    lfx = _lfx_sandbox_settings() if environ is None else None
+    timeout = parse_int(
+        "LANGFLOW_SANDBOX_TIMEOUT_SECONDS",
+        int(getattr(lfx, "timeout_seconds", LANGFLOW_TIMEOUT_DEFAULT)),
+        minimum=1,
+        maximum=MAX_TIMEOUT_SECONDS,
+        environ=environ,
+    )
+    memory = parse_int(
+        "LANGFLOW_SANDBOX_MEMORY_MB",
+        int(getattr(lfx, "memory_mb", LANGFLOW_MEMORY_DEFAULT)),
+        minimum=1,
+        environ=environ,
+    )
+    allow_network = parse_bool(
+        "LANGFLOW_SANDBOX_ALLOW_NETWORK", bool(getattr(lfx, "allow_network", False)), environ
+    )
+    domains = parse_list("LANGFLOW_SANDBOX_ALLOWED_DOMAINS", environ)
+    if domains is None:
+        domains = tuple(getattr(lfx, "allowed_domains", ()) or ())
+    return BackendSettings(
+        timeout_seconds=timeout,
+        memory_mb=memory,
+        allow_network=allow_network,
+        allowed_domains=domains,
+        accept_egress_exceptions=accept_egress_exceptions(environ),
+        rootfs=rootfs(environ),
+        shape=raw("CREATEOS_SANDBOX_SHAPE", environ),
+        max_output_bytes=parse_int(
+            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", DEFAULT_MAX_OUTPUT_BYTES, minimum=1024, environ=environ
+        ),
+        warm_pool=parse_int("CREATEOS_SANDBOX_WARM_POOL", 0, minimum=0, maximum=64, environ=environ),
+    )
+
+
+def accept_egress_exceptions(environ: Mapping[str, str] | None = None) -> bool:
+    return parse_bool("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", False, environ)
+
+
+def rootfs(environ: Mapping[str, str] | None = None) -> str:
+    return raw("CREATEOS_SANDBOX_ROOTFS", environ) or DEFAULT_ROOTFS
+
+
+def pinned_shape(environ: Mapping[str, str] | None = None) -> str | None:
+    return raw("CREATEOS_SANDBOX_SHAPE", environ)
+
+
+# --- the whole-flow executor -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExecutorSettings:
+    rootfs: str
+    shape: str
+    timeout_seconds: int
+    egress: tuple[str, ...]
+    install_lfx: bool
+    pip_extra: tuple[str, ...]
+    lfx_version: str | None
+    env_allowlist: tuple[str, ...]
+    max_output_bytes: int
+
+
+def validate_address_rule(rule: str, setting: str) -> str:
+    """An egress rule the platform enforces: `*`, an IPv4 address or CIDR, optionally `:port`.
+    Hostname rules are refused because CreateOS stores them without enforcing them."""
+    if rule == "*":
+        return rule
+    address, _, port = rule.partition(":") if rule.count(":") == 1 else (rule, "", "")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise SettingsError(f"{setting}: {rule!r} has an invalid port. Use ADDRESS[:PORT] or CIDR.")
+    try:
+        ipaddress.IPv4Network(address, strict=False)
+    except ValueError:
+        raise SettingsError(
+            f"{setting}: {rule!r} is not an IPv4 address or CIDR. CreateOS accepts hostname rules but does "
+            "not enforce them, so only address and CIDR rules (or * for open) are allowed."
+        ) from None
+    return rule
+
+
+def executor_settings(environ: Mapping[str, str] | None = None) -> ExecutorSettings:
+    egress_rules = parse_list("CREATEOS_EXECUTOR_EGRESS", environ)
+    if egress_rules is None:
+        egress: tuple[str, ...] = ("*",)
+    elif not egress_rules:
+        raise SettingsError(
+            "CREATEOS_EXECUTOR_EGRESS lists no rules. Use * for open egress, or comma-separated "
+            "addresses/CIDRs such as 203.0.113.7:443,198.51.100.0/24."
+        )
+    else:
+        egress = tuple(validate_address_rule(rule, "CREATEOS_EXECUTOR_EGRESS") for rule in egress_rules)
+        if "*" in egress and len(egress) > 1:
+            raise SettingsError("CREATEOS_EXECUTOR_EGRESS mixes * with other rules; * alone means open.")
+    env_names = parse_list("CREATEOS_EXECUTOR_ENV", environ) or ()
+    for name in env_names:
+        if not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise SettingsError(f"CREATEOS_EXECUTOR_ENV: {name!r} is not an environment variable name.")
+        if name in ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY"):
+            raise SettingsError(
+                f"CREATEOS_EXECUTOR_ENV must not forward {name}: the control-plane key never enters a guest."
+            )
+    pip = raw("CREATEOS_EXECUTOR_PIP", environ)
+    return ExecutorSettings(
+        rootfs=raw("CREATEOS_EXECUTOR_ROOTFS", environ) or rootfs(environ),
+        shape=raw("CREATEOS_EXECUTOR_SHAPE", environ) or DEFAULT_EXECUTOR_SHAPE,
+        timeout_seconds=parse_int(
+            "CREATEOS_EXECUTOR_TIMEOUT_SECONDS", 600, minimum=1, maximum=86400, environ=environ
+        ),
+        egress=egress,
+        install_lfx=parse_bool("CREATEOS_EXECUTOR_INSTALL_LFX", False, environ),
+        pip_extra=tuple(pip.split()) if pip else (),
+        lfx_version=raw("CREATEOS_EXECUTOR_LFX_VERSION", environ),
+        env_allowlist=env_names,
+        max_output_bytes=parse_int(
+            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", DEFAULT_MAX_OUTPUT_BYTES, minimum=1024, environ=environ
+        ),
+    )
