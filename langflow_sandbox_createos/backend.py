@@ -1,0 +1,360 @@
+"""The ``createos`` sandbox backend: lfx's Python Interpreter code runs on a throwaway microVM.
+
+Enabled only with ``LANGFLOW_SANDBOX_BACKEND_PLUGINS=createos`` and
+``LANGFLOW_SANDBOX_BACKEND=createos``; lfx loads :func:`create_backend` through the
+``lfx.sandbox_backends`` entry point. Importing this module and building the backend do
+no I/O and read no settings: lfx imports plugins while it is still building its own
+settings, and every setting is re-read on each run so a changed key or URL takes effect.
+
+One run is, after the first: create the guest, then one streaming exec whose stdin is the
+program and whose shell writes it under ``/workspace`` and runs it under the guest's own
+``timeout``. The delete is queued on the native client's I/O thread, off the critical path.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from lfx.utils.sandbox.base import (
+    Capabilities,
+    SandboxExecutionError,
+    SandboxResult,
+    SandboxUnavailableError,
+)
+
+from langflow_sandbox_createos import runtime, settings
+from langflow_sandbox_createos.settings import BackendSettings, SettingsError
+
+logger = logging.getLogger("langflow_sandbox_createos.backend")
+
+BACKEND_NAME = "createos"
+NAME_PREFIX = "lf-"
+
+# lfx's timeout exit code (lfx.utils.sandbox.base._EXIT_CODE_TIMEOUT, a private name).
+EXIT_CODE_TIMEOUT = -1
+GUEST_TIMEOUT_STATUS = 124
+KILLED_STATUS = 137
+STREAM_ENDED_STATUS = -1  # the native client's exit_code when a stream had no exit frame
+
+# Past the guest's own clock, how long the host waits for the stream before giving up.
+# The guest's `timeout` is authoritative; this only bounds a wedged control plane.
+EXEC_GRACE_SECONDS = 15.0
+
+# Programs up to this size travel as the exec's stdin (one round trip fewer); larger ones
+# are uploaded as a file first. stdin is a JSON string inside the exec request, whose size
+# limit the API leaves undocumented and whose escaping can grow control-heavy text up to six
+# times, while the file API takes raw bytes up to 500 MB. 256 KiB covers hand- and
+# LLM-written code with a wide margin, and for anything larger the extra round trip is
+# small next to moving the program itself.
+STDIN_PROGRAM_MAX_BYTES = 256 * 1024
+
+# shutdown() waits at most this long for queued background deletes.
+SHUTDOWN_DRAIN_SECONDS = 10.0
+
+WORKSPACE = "/workspace"
+
+
+def create_backend() -> CreateOSBackend:
+    """The zero-argument factory named by the entry point. No I/O, no settings."""
+    return CreateOSBackend()
+
+
+class CreateOSBackend:
+    """lfx ``SandboxBackend``: one fresh CreateOS guest per execution, always deleted.
+
+    A process-wide singleton called from arbitrary threads. The shared state (one native
+    client per endpoint, the whoami latch and the shape catalog) lives in
+    :data:`runtime.endpoints`, which the other surfaces share, so this class holds only a
+    lock for its own preflight and shutdown bookkeeping.
+    """
+
+    name = BACKEND_NAME
+
+    def __init__(self) -> None:
+        # Serializes shutdown(): two concurrent calls would race for the same outcomes.
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<CreateOSBackend name={self.name!r}>"
+
+    # --- protocol ------------------------------------------------------------------------
+
+    def capabilities(self) -> Capabilities:
+        """Static: hardware isolation and deny-all egress; no domain allowlist (CreateOS
+        stores hostname rules without enforcing them)."""
+        return Capabilities(
+            isolation="hardware-virtualized",
+            supports_deny_all_egress=True,
+            supports_domain_allowlist=False,
+        )
+
+    def run(
+        self,
+        code: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        session: object | None = None,
+        **_ignored: object,
+    ) -> SandboxResult:
+        """Run ``code`` on a fresh guest. ``session`` (older lfx builds) is ignored: the
+        protocol cannot return a reused guest, so every run gets its own."""
+        del session
+        config = _read_settings()
+        if config.allowed_domains:
+            raise runtime.domains_refusal(config.allowed_domains)
+        runtime.egress_gate(config.allow_network, config.accept_egress_exceptions)
+        guest_env = _guest_env(env)
+
+        endpoint = runtime.endpoints.get()
+        _preflight(endpoint)
+        shape = runtime.pick_shape(runtime.catalog(endpoint), config.memory_mb, config.shape)
+
+        program = _Program.build(code, config.timeout_seconds)
+        create = {
+            "shape": shape,
+            "rootfs": config.rootfs,
+            "name": runtime.random_name(NAME_PREFIX),
+            "egress": list(runtime.egress_rules(config.allow_network)),
+            "envs": guest_env,
+            "auto_pause_after_seconds": runtime.auto_pause_seconds(config.timeout_seconds),
+        }
+        client: Any = endpoint.client
+        native = runtime._native()
+        started = time.monotonic()
+        try:
+            result = client.run_program(
+                create,
+                "/bin/sh",
+                ["-c", program.script],
+                files=program.files,
+                stdin=program.stdin,
+                timeout=config.timeout_seconds + EXEC_GRACE_SECONDS,
+                max_output_bytes=config.max_output_bytes,
+                delete="background",
+            )
+        except native.CreateOSError as exc:
+            error = runtime.to_lfx_error(exc, "run the program on a CreateOS guest")
+            guest = getattr(exc, "sandbox_id", None)
+            if guest:
+                error = type(error)(f"{error} (guest {guest}, deleted)")
+            raise error from None
+        finally:
+            _collect_deletes(client, 0.0)
+        logger.debug(
+            "createos run on %s (%s) finished in %.0f ms wall, exit %s",
+            result.sandbox_id,
+            shape,
+            (time.monotonic() - started) * 1000,
+            result.exit_code,
+        )
+        return _to_sandbox_result(result, config)
+
+    def shutdown(self) -> None:
+        """Wait up to SHUTDOWN_DRAIN_SECONDS for queued deletes and log each outcome.
+
+        Closes nothing: the native clients are shared with the other surfaces through
+        runtime.endpoints, and a second backend instance (lfx shuts down the loser of a
+        construction race) must not break the one that won. Safe to call repeatedly.
+        """
+        with self._lock:
+            self._drain_all()
+
+    def _drain_all(self) -> None:
+        deadline = time.monotonic() + SHUTDOWN_DRAIN_SECONDS
+        for endpoint in runtime.endpoints.all():
+            client: Any = endpoint.client
+            try:
+                pending = client.pending_deletes()
+            except Exception:  # a client that cannot answer has nothing we can wait for
+                logger.debug("pending_deletes failed", exc_info=True)
+                continue
+            remaining = max(0.0, deadline - time.monotonic())
+            _collect_deletes(client, remaining if pending else 0.0)
+            try:
+                left = client.pending_deletes()
+            except Exception:
+                left = 0
+            if left:
+                logger.warning(
+                    "CreateOS: %d guest delete(s) still pending at shutdown on %s; auto-pause bounds "
+                    "their cost. Delete leftover lf-* sandboxes if the process exits now.",
+                    left,
+                    endpoint.base_url,
+                )
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: fresh lock, forget state. The parent's clients (sockets and
+        I/O thread) are forgotten by runtime.endpoints' own fork hook, never closed."""
+        self._lock = threading.Lock()
+
+
+# --- one run, step by step -----------------------------------------------------------------
+
+
+def _read_settings() -> BackendSettings:
+    try:
+        return settings.backend_settings()
+    except SettingsError as exc:
+        raise SandboxUnavailableError(str(exc)) from None
+
+
+def _guest_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """The caller's env, declared at create: the control plane refuses exec-time env keys
+    that the guest was not created with."""
+    if not env:
+        return {}
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise SandboxExecutionError(f"CreateOS: {key!r} cannot be an environment variable name.")
+        out[key] = value if isinstance(value, str) else str(value)
+    return out
+
+
+def _preflight(endpoint: runtime.Endpoint) -> None:
+    """GET /v1/whoami once per endpoint (a new key or base URL is a new endpoint)."""
+    if endpoint.preflight_ok:
+        return
+    native = runtime._native()
+    with endpoint.lock:
+        if endpoint.preflight_ok:
+            return
+        try:
+            endpoint.client.whoami()  # type: ignore[attr-defined]
+        except native.CreateOSError as exc:
+            if isinstance(exc, native.TransientError) and exc.status is None:
+                raise SandboxUnavailableError(
+                    f"CreateOS control plane at {endpoint.base_url} is unreachable ({exc}). "
+                    "Check CREATEOS_SANDBOX_BASE_URL and the network."
+                ) from None
+            if isinstance(exc, native.ProtocolError):
+                raise SandboxUnavailableError(
+                    f"{endpoint.base_url} did not answer like a CreateOS control plane ({exc}). "
+                    "Check CREATEOS_SANDBOX_BASE_URL."
+                ) from None
+            raise runtime.to_lfx_error(exc, "verify the API key (GET /v1/whoami)") from None
+        endpoint.preflight_ok = True
+
+
+class _Program:
+    """The guest command for one program: where it lives and how it gets there."""
+
+    __slots__ = ("files", "path", "script", "stdin")
+
+    def __init__(self, path: str, script: str, stdin: str | None, files: list[tuple[str, bytes]]) -> None:
+        self.path = path
+        self.script = script
+        self.stdin = stdin
+        self.files = files
+
+    @classmethod
+    def build(cls, code: str, timeout_seconds: int) -> _Program:
+        path = f"{WORKSPACE}/main_{secrets.token_hex(6)}.py"
+        try:
+            data = code.encode("utf-8")
+        except UnicodeEncodeError:
+            # Lone surrogates cannot travel in a JSON string; upload the bytes and let the
+            # guest's python3 report the invalid source exactly as it would locally.
+            data = code.encode("utf-8", "surrogatepass")
+            inline = False
+        else:
+            inline = len(data) <= STDIN_PROGRAM_MAX_BYTES
+        run = run_script(path, timeout_seconds)
+        if inline:
+            script = f"mkdir -p {WORKSPACE} && cat > {path} || exit $?\n{run}"
+            return cls(path, script, code, [])
+        return cls(path, run, None, [(path, data)])
+
+
+def run_script(path: str, timeout_seconds: int) -> str:
+    """Run ``path`` under the guest's own ``timeout --signal=KILL``, reporting a timeout as 124.
+
+    GNU timeout exits 137, not 124, when the signal it sent was KILL (it reports the forced
+    kill on purpose), which would read as an out-of-memory kill. So the shell reports 124
+    when the program died of SIGKILL at or past the deadline. Whole seconds are enough:
+    floor(end) - floor(start) >= N whenever end - start >= N. ``python3 -u`` keeps output
+    printed before a kill instead of losing it in a buffer.
+    """
+    n = int(timeout_seconds)
+    return (
+        "s=$(date +%s)\n"
+        f"timeout --signal=KILL {n} python3 -u {path}\n"
+        "r=$?\n"
+        f'if [ "$r" -eq {KILLED_STATUS} ] && [ $(( $(date +%s) - s )) -ge {n} ]; '
+        f"then exit {GUEST_TIMEOUT_STATUS}; fi\n"
+        'exit "$r"\n'
+    )
+
+
+def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
+    if result.error:
+        raise SandboxExecutionError(
+            f"CreateOS: the guest {result.sandbox_id or ''} could not start the program: {result.error}. "
+            f"Check that CREATEOS_SANDBOX_ROOTFS={config.rootfs!r} provides /bin/sh, timeout and python3."
+        )
+    stdout, stderr = result.stdout, result.stderr
+    notes = [
+        f"[createos: {stream} truncated at {_size(config.max_output_bytes)}; "
+        "set CREATEOS_SANDBOX_MAX_OUTPUT_BYTES]"
+        for stream, cut in (("stdout", result.stdout_truncated), ("stderr", result.stderr_truncated))
+        if cut
+    ]
+    if result.timed_out:
+        notes.append(
+            f"[createos: no exit status within {config.timeout_seconds}s + {EXEC_GRACE_SECONDS:g}s grace; "
+            "output is what arrived before the deadline]"
+        )
+        exit_code = EXIT_CODE_TIMEOUT
+    elif result.exit_code == GUEST_TIMEOUT_STATUS:
+        exit_code = EXIT_CODE_TIMEOUT
+    elif result.exit_code == STREAM_ENDED_STATUS:
+        raise SandboxExecutionError(
+            f"CreateOS: the exec stream of guest {result.sandbox_id} ended without an exit status; "
+            "the control plane or the network dropped it."
+        )
+    elif result.exit_code < 0:  # a signal reported as its negative number
+        exit_code = 128 - result.exit_code
+    else:
+        exit_code = result.exit_code
+    if notes:
+        joined = "\n".join(notes)
+        stderr = f"{stderr}\n{joined}\n" if stderr and not stderr.endswith("\n") else f"{stderr}{joined}\n"
+    exec_ms = result.exec_ms
+    return SandboxResult(
+        stdout=stdout,
+        stderr=stderr,
+        exit_code=exit_code,
+        execution_time_ms=None if exec_ms is None else int(exec_ms),
+    )
+
+
+def _collect_deletes(client: Any, timeout: float) -> None:
+    """Log the outcome of every background delete that finished (never the key)."""
+    try:
+        outcomes = client.drain_deletes(timeout)
+    except Exception:  # collecting outcomes must never fail a run
+        logger.debug("drain_deletes failed", exc_info=True)
+        return
+    for sandbox_id, status, error in outcomes:
+        if error is None and (status is None or 200 <= status < 300 or status == 404):
+            logger.debug("CreateOS: deleted guest %s (HTTP %s)", sandbox_id, status)
+        else:
+            logger.warning(
+                "CreateOS: could not delete guest %s (HTTP %s): %s. Auto-pause bounds its cost; "
+                "delete it from the CreateOS dashboard or CLI.",
+                sandbox_id,
+                status,
+                error or "unexpected status",
+            )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} bytes"

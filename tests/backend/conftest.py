@@ -1,0 +1,75 @@
+"""Fixtures for the sandbox backend: a clean settings environment pointed at createos-local.
+
+Builds on the project fixtures in tests/conftest.py: ``cp`` (function-scoped local control
+plane handle that clears faults and, after the test, asserts no live guest is left) and
+``createos_env`` (CREATEOS_SANDBOX_API_KEY and CREATEOS_SANDBOX_BASE_URL pointed at it).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from langflow_sandbox_createos import runtime
+from langflow_sandbox_createos.backend import CreateOSBackend, create_backend
+
+# Every variable the backend reads, so a developer's shell cannot leak into a test.
+BACKEND_VARS = (
+    "LANGFLOW_SANDBOX_TIMEOUT_SECONDS",
+    "LANGFLOW_SANDBOX_MEMORY_MB",
+    "LANGFLOW_SANDBOX_ALLOW_NETWORK",
+    "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+    "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS",
+    "CREATEOS_API_KEY",
+    "CREATEOS_SANDBOX_ROOTFS",
+    "CREATEOS_SANDBOX_SHAPE",
+    "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
+    "CREATEOS_SANDBOX_WARM_POOL",
+)
+
+
+def clean_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in BACKEND_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
+    monkeypatch.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "30")
+
+
+@pytest.fixture
+def backend_env(cp: Any, createos_env: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The control plane, with the backend's settings reset to a runnable baseline."""
+    clean_backend_env(monkeypatch)
+    return cp
+
+
+@pytest.fixture
+def backend(backend_env: Any) -> Iterator[CreateOSBackend]:
+    """A backend whose shutdown (which waits for queued deletes) runs before ``cp`` checks
+    that no guest is left."""
+    instance = create_backend()
+    yield instance
+    instance.shutdown()
+
+
+@pytest.fixture
+def fresh_endpoints() -> Iterator[None]:
+    """Forget the process-wide clients, whoami latches and shape catalogs, before and after."""
+    runtime.endpoints.clear()
+    yield
+    runtime.endpoints.clear()
+
+
+def sandbox_ids(cp: Any) -> set[str]:
+    """Every sandbox the control plane has ever seen, deleted ones included."""
+    return {row["id"] for row in cp.sandboxes()}
+
+
+def closed_port_url() -> str:
+    """A loopback URL nothing listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"

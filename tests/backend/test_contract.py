@@ -1,0 +1,77 @@
+"""The backend's shape as lfx sees it, and the guest script, without a control plane."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from lfx.utils.sandbox.base import Capabilities, SandboxBackend
+
+from langflow_sandbox_createos import backend as backend_module
+from langflow_sandbox_createos.backend import CreateOSBackend, create_backend, run_script
+
+
+def test_factory_does_no_io_and_reads_no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Nothing usable in the environment: building the backend must still succeed.
+    for name in ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", "not a url")
+    monkeypatch.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "nonsense")
+    instance = create_backend()
+    assert isinstance(instance, CreateOSBackend)
+    assert isinstance(instance, SandboxBackend)  # lfx's runtime-checkable protocol
+    assert instance.name == "createos"
+    instance.shutdown()
+    instance.shutdown()  # idempotent
+
+
+def test_capabilities_are_lfx_capabilities() -> None:
+    caps = create_backend().capabilities()
+    assert type(caps) is Capabilities
+    assert caps.isolation == "hardware-virtualized"
+    assert caps.supports_deny_all_egress is True
+    assert caps.supports_domain_allowlist is False
+
+
+def _run_guest_script(tmp_path: Path, program: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "main.py"
+    path.write_text(program)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    return subprocess.run(
+        ["/bin/sh", "-c", run_script(str(path), timeout)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout + 20,
+        check=False,
+    )
+
+
+def test_guest_script_reports_a_timeout_as_124_not_137(tmp_path: Path) -> None:
+    # GNU timeout --signal=KILL exits 137 on a timeout; the script must say 124.
+    done = _run_guest_script(tmp_path, "print('before', flush=True)\nimport time\ntime.sleep(30)\n", 1)
+    assert done.returncode == backend_module.GUEST_TIMEOUT_STATUS
+    assert done.stdout == "before\n"
+
+
+def test_guest_script_keeps_a_real_sigkill_as_137(tmp_path: Path) -> None:
+    done = _run_guest_script(tmp_path, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", 30)
+    assert done.returncode == 137
+
+
+def test_guest_script_passes_the_exit_status_through(tmp_path: Path) -> None:
+    done = _run_guest_script(tmp_path, "import sys\nprint('x')\nsys.exit(3)\n", 30)
+    assert (done.returncode, done.stdout) == (3, "x\n")
+
+
+def test_unbuffered_output_survives_a_kill(tmp_path: Path) -> None:
+    # No flush in the program: python3 -u is what keeps the line.
+    done = _run_guest_script(tmp_path, "print('unflushed')\nimport time\ntime.sleep(30)\n", 1)
+    assert done.returncode == backend_module.GUEST_TIMEOUT_STATUS
+    assert done.stdout == "unflushed\n"
