@@ -1,0 +1,118 @@
+"""``createos-local``: command-line entry point of the local CreateOS control plane."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from .config import ServerConfig
+
+
+def _rootfs(value: str) -> tuple[str, Path]:
+    name, sep, path = value.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError("expected NAME=PATH")
+    directory = Path(path).resolve()
+    if not directory.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is not a directory")
+    return name, directory
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="createos-local",
+        description="Offline CreateOS control plane: the /v1 API on loopback, real guests in bubblewrap.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8787, help="TCP port; 0 picks a free one (default 8787)")
+    p.add_argument("--api-key", default="dev-key", help="the X-Api-Key clients must send (default dev-key)")
+    p.add_argument("--state-dir", type=Path, help="directory for guest files (default: a fresh temp dir)")
+    p.add_argument("--port-file", type=Path, help="write the bound port to this file once listening")
+    p.add_argument("--boot-delay-ms", type=int, default=0, help="extra time create takes before running")
+    p.add_argument(
+        "--transition-delay-ms", type=int, default=0, help="time pausing/resuming/forking/destroying last"
+    )
+    p.add_argument(
+        "--heartbeat-seconds", type=float, default=5.0, help="streaming heartbeat interval (default 5)"
+    )
+    p.add_argument(
+        "--no-streaming", action="store_true", help="answer streaming exec with 404, like old servers"
+    )
+    p.add_argument(
+        "--no-isolation", action="store_true", help="run guests as plain host processes (no bwrap)"
+    )
+    p.add_argument("--no-memory-limit", action="store_true", help="do not enforce the shape's memory")
+    p.add_argument(
+        "--rootfs",
+        type=_rootfs,
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="serve rootfs NAME with directory PATH as the guest's / (repeatable)",
+    )
+    p.add_argument("--max-sandboxes", type=int, default=1000, help="live sandboxes before create answers 403")
+    p.add_argument(
+        "--auto-pause-unit-ms",
+        type=int,
+        default=1000,
+        help="length of one second of auto_pause_after_seconds, in ms (tests shrink it)",
+    )
+    p.add_argument(
+        "--allow-duplicate-names",
+        action="store_true",
+        help="do not reject duplicate names among live sandboxes",
+    )
+    p.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    owned_state = args.state_dir is None
+    state_dir = Path(tempfile.mkdtemp(prefix="createos-local-")) if owned_state else args.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        state_dir=state_dir.resolve(),
+        boot_delay_ms=args.boot_delay_ms,
+        transition_delay_ms=args.transition_delay_ms,
+        heartbeat_seconds=args.heartbeat_seconds,
+        streaming=not args.no_streaming,
+        isolation=not args.no_isolation,
+        rootfs=dict(args.rootfs),
+        max_sandboxes=args.max_sandboxes,
+        auto_pause_unit_ms=args.auto_pause_unit_ms,
+        unique_names=not args.allow_duplicate_names,
+        memory_limits=not args.no_memory_limit,
+        port_file=args.port_file,
+        log_level=args.log_level,
+    )
+    # imported late so --help works without the server dependencies
+    from .app import check_isolation
+    from .server import serve
+
+    problem = check_isolation(config)
+    if problem:
+        print(f"createos-local: cannot isolate guests: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    # sandboxes are not persisted: leftovers of a previous run are garbage
+    shutil.rmtree(config.state_dir / "sandboxes", ignore_errors=True)
+    try:
+        serve(config)
+    finally:
+        if owned_state:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

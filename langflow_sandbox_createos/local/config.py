@@ -1,0 +1,30 @@
+"""Server settings, filled from the command line by ``__main__``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8787
+    api_key: str = "dev-key"
+    state_dir: Path = Path(".")
+    boot_delay_ms: int = 0
+    transition_delay_ms: int = 0
+    heartbeat_seconds: float = 5.0
+    streaming: bool = True
+    isolation: bool = True
+    # guest name -> host directory used as the guest's / ("devbox:1" is the host's own /)
+    rootfs: dict[str, Path] = field(default_factory=dict)
+    max_sandboxes: int = 1000
+    # how long one "second" of auto_pause_after_seconds lasts, so tests can shrink it
+    auto_pause_unit_ms: int = 1000
+    unique_names: bool = True
+    max_exec_output_bytes: int = 64 * 1024 * 1024
+    max_file_bytes: int = 500 * 1024 * 1024
+    memory_limits: bool = True
+    port_file: Path | None = None
+    log_level: str = "warning"

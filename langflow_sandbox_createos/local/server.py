@@ -1,0 +1,78 @@
+"""Running the app on uvicorn: a bound loopback socket, a port file, clean guest teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from .app import Plane, build_app
+from .config import ServerConfig
+from .faults import TRANSPORT_KEY
+
+
+class TransportAwareProtocol(H11Protocol):
+    """h11 protocol that lends each request its connection's transport, so the fault
+    injector can reset the TCP connection or truncate a response mid-body."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        inner = self.config.loaded_app
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            scope.setdefault("extensions", {})[TRANSPORT_KEY] = transport
+            await inner(scope, receive, send)
+
+        self.app = app
+
+
+class ControlPlaneServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, plane: Plane) -> None:
+        super().__init__(config)
+        self.plane = plane
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        # kill guests first, so in-flight execs end now instead of holding the shutdown open
+        self.plane.runner.kill_all()
+        super().handle_exit(sig, frame)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def serve(config: ServerConfig) -> None:
+    plane = Plane(config)
+    app = build_app(plane)
+    sock = bind_socket(config.host, config.port)
+    port = sock.getsockname()[1]
+    uv_config = uvicorn.Config(
+        app,
+        http=TransportAwareProtocol,
+        lifespan="on",
+        log_level=config.log_level,
+        access_log=config.log_level in ("debug", "trace"),
+        timeout_graceful_shutdown=3,
+        timeout_keep_alive=30,
+    )
+    server = ControlPlaneServer(uv_config, plane)
+    url = f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
+    if config.port_file is not None:
+        tmp = config.port_file.with_suffix(".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(config.port_file)
+    logging.getLogger("createos.local").warning(
+        "createos-local listening on %s (state: %s)", url, config.state_dir
+    )
+    print(f"createos-local listening on {url}", flush=True)
+    server.run(sockets=[sock])

@@ -1,0 +1,311 @@
+"""Sandbox rows and their state machine (spec section 6).
+
+creating -> running -> pausing -> paused -> resuming -> running; paused -> fork child
+(forking -> running, or paused with ``start_paused``); any live state -> destroying ->
+destroyed. ``destroyed`` and ``failed`` are terminal; their rows stay listed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .catalog import Shape
+from .cgroups import CgroupManager, SandboxCgroups
+from .envelope import ApiError
+from .guest import GuestLayout, GuestProcess
+
+TERMINAL = frozenset({"destroyed", "failed"})
+PAUSED_LIKE = frozenset({"pausing", "paused", "resuming", "forking"})
+PAUSED_MESSAGE = "sandbox is paused; resume it before accessing files"
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_ADJECTIVES = ("brave", "calm", "eager", "quick", "quiet", "lucky", "proud", "witty", "gentle", "bold")
+_ANIMALS = ("otter", "lynx", "heron", "panda", "koala", "ibis", "finch", "moose", "yak", "newt")
+
+
+def new_ulid() -> str:
+    value = (int(time.time() * 1000) << 80) | secrets.randbits(80)
+    return "".join(_CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+def rfc3339(ts: float) -> str:
+    return (
+        datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def generated_name() -> str:
+    return f"{secrets.choice(_ADJECTIVES)}-{secrets.choice(_ANIMALS)}-{secrets.token_hex(2)}"
+
+
+@dataclass
+class Sandbox:
+    id: str
+    name: str
+    shape: Shape
+    rootfs: str
+    rootfs_path: Path
+    layout: GuestLayout
+    cgroups: SandboxCgroups
+    ip: str
+    disk_mib: int
+    egress: list[str]
+    envs: dict[str, str]
+    status: str = "creating"
+    created_at: float = field(default_factory=time.time)
+    running_at: float | None = None
+    paused_at: float | None = None
+    last_resumed_at: float | None = None
+    destroyed_at: float | None = None
+    spawn_ms: float | None = None
+    forked_from: str | None = None
+    auto_pause_after_seconds: int | None = None
+    ingress_enabled: bool = False
+    ssh_pubkeys: list[str] = field(default_factory=list)
+    last_activity: float = field(default_factory=time.monotonic)
+    processes: set[GuestProcess] = field(default_factory=set)
+    transition: asyncio.Task[None] | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def view(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "status": self.status,
+            "shape": self.shape.id,
+            "rootfs": self.rootfs,
+            "region": "local",
+            "vcpu": self.shape.vcpu,
+            "mem_mib": self.shape.mem_mib,
+            "disk_mib": self.disk_mib,
+            "created_at": rfc3339(self.created_at),
+            "ingress_enabled": self.ingress_enabled,
+            "egress": list(self.egress),
+            "envs": sorted(self.envs),
+            "bandwidth_quota_bytes": -1,
+        }
+        if self.status != "creating":
+            data["ip"] = self.ip
+        optional_times = {
+            "running_at": self.running_at,
+            "paused_at": self.paused_at,
+            "last_resumed_at": self.last_resumed_at,
+            "destroyed_at": self.destroyed_at,
+        }
+        data.update({k: rfc3339(v) for k, v in optional_times.items() if v is not None})
+        if self.spawn_ms is not None:
+            data["spawn_ms"] = self.spawn_ms
+        if self.forked_from:
+            data["forked_from"] = self.forked_from
+        if self.auto_pause_after_seconds:
+            data["auto_pause_after_seconds"] = self.auto_pause_after_seconds
+        if self.ssh_pubkeys:
+            data["ssh_pubkeys"] = list(self.ssh_pubkeys)
+        if self.ingress_enabled:
+            data["ingress_url_template"] = f"https://<port>-{self.id}.sandbox.localhost"
+        return data
+
+
+class Store:
+    def __init__(
+        self,
+        state_dir: Path,
+        cgroups: CgroupManager,
+        transition_delay: Callable[[], float],
+        unique_names: bool = True,
+    ) -> None:
+        self.state_dir = state_dir
+        self.sandboxes_dir = state_dir / "sandboxes"
+        self.cgroups = cgroups
+        self.transition_delay = transition_delay
+        self.unique_names = unique_names
+        self.rows: dict[str, Sandbox] = {}
+        self._ip_counter = 1
+        self._background: set[asyncio.Task[None]] = set()
+
+    # -- lookup -------------------------------------------------------------------------
+    def get(self, sandbox_id: str) -> Sandbox:
+        sb = self.rows.get(sandbox_id)
+        if sb is None:
+            raise ApiError(404, "sandbox not found", "not_found")
+        return sb
+
+    def live(self) -> list[Sandbox]:
+        return [sb for sb in self.rows.values() if not sb.terminal]
+
+    def name_taken(self, name: str) -> bool:
+        return self.unique_names and any(sb.name == name for sb in self.live())
+
+    def require_running(self, sb: Sandbox) -> None:
+        if sb.status == "running":
+            return
+        if sb.status in PAUSED_LIKE:
+            raise ApiError(409, PAUSED_MESSAGE, "sandbox_paused")
+        raise ApiError(409, f"sandbox is {sb.status}", "invalid_state")
+
+    # -- creation -----------------------------------------------------------------------
+    def _next_ip(self) -> str:
+        self._ip_counter += 1
+        n = self._ip_counter
+        return f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
+
+    def new_row(
+        self,
+        *,
+        name: str,
+        shape: Shape,
+        rootfs: str,
+        rootfs_path: Path,
+        disk_mib: int,
+        egress: list[str],
+        envs: dict[str, str],
+    ) -> Sandbox:
+        sandbox_id = f"sb-{new_ulid().lower()}"
+        layout = GuestLayout(self.sandboxes_dir / sandbox_id)
+        layout.create()
+        sb = Sandbox(
+            id=sandbox_id,
+            name=name,
+            shape=shape,
+            rootfs=rootfs,
+            rootfs_path=rootfs_path,
+            layout=layout,
+            cgroups=self.cgroups.create(sandbox_id, shape.mem_mib),
+            ip=self._next_ip(),
+            disk_mib=disk_mib,
+            egress=egress,
+            envs=envs,
+        )
+        self.rows[sandbox_id] = sb
+        return sb
+
+    def mark_running(self, sb: Sandbox, started: float) -> None:
+        now = time.time()
+        sb.status = "running"
+        sb.running_at = now
+        sb.spawn_ms = round((time.monotonic() - started) * 1000, 3)
+        sb.last_activity = time.monotonic()
+
+    # -- transitions --------------------------------------------------------------------
+    def _schedule(self, sb: Sandbox, step: Callable[[], None]) -> None:
+        async def run() -> None:
+            delay = self.transition_delay()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            step()
+
+        sb.transition = asyncio.create_task(run())
+
+    def pause(self, sb: Sandbox) -> None:
+        if sb.status != "running":
+            raise ApiError(
+                409, f"sandbox is {sb.status}; only a running sandbox can be paused", "invalid_state"
+            )
+        sb.status = "pausing"
+        self._freeze(sb)
+
+        def done() -> None:
+            sb.status = "paused"
+            sb.paused_at = time.time()
+
+        self._schedule(sb, done)
+
+    def resume(self, sb: Sandbox) -> None:
+        if sb.status != "paused":
+            raise ApiError(
+                409, f"sandbox is {sb.status}; only a paused sandbox can be resumed", "invalid_state"
+            )
+        sb.status = "resuming"
+
+        def done() -> None:
+            self._thaw(sb)
+            sb.status = "running"
+            sb.last_resumed_at = time.time()
+            sb.last_activity = time.monotonic()
+
+        self._schedule(sb, done)
+
+    def start_fork_child(self, child: Sandbox, start_paused: bool) -> None:
+        if start_paused:
+            child.status = "paused"
+            child.paused_at = time.time()
+            return
+        started = time.monotonic()
+        if self.transition_delay() <= 0:
+            self.mark_running(child, started)
+            return
+        child.status = "forking"
+        self._schedule(child, lambda: self.mark_running(child, started))
+
+    def _freeze(self, sb: Sandbox) -> None:
+        try:
+            frozen = sb.cgroups.freeze()
+        except OSError:
+            frozen = False
+        if not frozen:
+            for proc in sb.processes:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.proc.pid, 19)  # SIGSTOP
+        sb.last_activity = time.monotonic()
+
+    def _thaw(self, sb: Sandbox) -> None:
+        try:
+            thawed = sb.cgroups.thaw()
+        except OSError:
+            thawed = False
+        if not thawed:
+            for proc in sb.processes:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.proc.pid, 18)  # SIGCONT
+
+    def destroy(self, sb: Sandbox) -> None:
+        if sb.terminal:
+            return
+        if sb.transition is not None:
+            sb.transition.cancel()
+        inline = sb.status in ("paused", "error", "creating", "failed")
+        sb.status = "destroying"
+        if inline:
+            self._reclaim(sb)
+            return
+
+        async def run() -> None:
+            delay = self.transition_delay()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await asyncio.to_thread(self._reclaim, sb)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _reclaim(self, sb: Sandbox) -> None:
+        """Kill every guest process, free the cgroups and remove the files."""
+        for proc in list(sb.processes):
+            proc.kill()
+        sb.cgroups.kill_all()
+        sb.cgroups.remove()
+        shutil.rmtree(sb.layout.root, ignore_errors=True)
+        sb.status = "destroyed"
+        sb.destroyed_at = time.time()
+
+    def shutdown(self) -> None:
+        for sb in self.rows.values():
+            if sb.transition is not None:
+                sb.transition.cancel()
+            if not sb.terminal:
+                self._reclaim(sb)
+        for task in self._background:
+            task.cancel()
