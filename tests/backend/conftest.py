@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos import runtime
+from langflow_sandbox_createos import runtime, settings
 from langflow_sandbox_createos.backend import CreateOSBackend, create_backend
 
 # Every variable the backend reads, so a developer's shell cannot leak into a test.
@@ -32,6 +32,10 @@ BACKEND_VARS = (
 
 
 def clean_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # lfx's settings service reads the environment once per process and keeps it, so a value a
+    # previous test exported would outlive that test as the fallback. Here only the
+    # environment decides; the fallback itself is covered by the subprocess tests.
+    monkeypatch.setattr(settings, "_lfx_sandbox_settings", lambda: None)
     for name in BACKEND_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
@@ -59,6 +63,7 @@ def fresh_endpoints() -> Iterator[None]:
     """Forget the process-wide clients, whoami latches and shape catalogs, before and after."""
     runtime.endpoints.clear()
     yield
+    create_backend().shutdown()  # let queued deletes finish before their clients close
     runtime.endpoints.clear()
 
 
@@ -73,3 +78,22 @@ def closed_port_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}"
+
+
+def sandbox_view(cp: Any, sandbox_id: str) -> dict[str, Any]:
+    """The control plane's own view of one sandbox (GET /v1/sandboxes/{id}), deleted or not."""
+    import httpx
+
+    response = httpx.get(f"{cp.url}/v1/sandboxes/{sandbox_id}", headers={"X-Api-Key": cp.api_key}, timeout=10)
+    response.raise_for_status()
+    return response.json()["data"]
+
+
+def new_guests(cp: Any, before: set[str]) -> list[dict[str, Any]]:
+    return [sandbox_view(cp, sid) for sid in sorted(sandbox_ids(cp) - before)]
+
+
+def undeleted_guests(cp: Any) -> list[dict[str, Any]]:
+    """Guests whose DELETE the control plane has not accepted yet (``destroying`` counts as
+    deleted: the control plane finishes it on its own)."""
+    return [sb for sb in cp.live_sandboxes() if sb["status"] != "destroying"]
