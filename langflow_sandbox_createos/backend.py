@@ -69,8 +69,8 @@ class CreateOSBackend:
 
     A process-wide singleton called from arbitrary threads. The shared state (one native
     client per endpoint, the whoami latch and the shape catalog) lives in
-    :data:`runtime.endpoints`, which the other surfaces share, so this class holds only a
-    lock for its own preflight and shutdown bookkeeping.
+    :data:`runtime.endpoints`, which the other surfaces share, so this class holds only the
+    lock that serializes its shutdown.
     """
 
     name = BACKEND_NAME
@@ -141,7 +141,7 @@ class CreateOSBackend:
             error = runtime.to_lfx_error(exc, "run the program on a CreateOS guest")
             guest = getattr(exc, "sandbox_id", None)
             if guest:
-                error = type(error)(f"{error} (guest {guest}, deleted)")
+                error = type(error)(f"{error} (guest {guest}, which is being deleted)")
             raise error from None
         finally:
             _collect_deletes(client, 0.0)

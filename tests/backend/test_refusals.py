@@ -148,3 +148,10 @@ def test_cache_refreshes_when_the_key_or_url_changes(
     assert "could not read the shape catalog" in _refused(backend, backend_env)
     backend_env.clear_faults()
     assert backend.run("print(3)").exit_code == 0
+
+
+def test_a_server_that_is_not_createos_is_refused(backend, backend_env, fresh_endpoints) -> None:
+    backend_env.set_faults({"rules": [{"route": "whoami", "body": "non-json"}]})
+    message = _refused(backend, backend_env)
+    assert "did not answer like a CreateOS control plane" in message
+    assert "CREATEOS_SANDBOX_BASE_URL" in message
