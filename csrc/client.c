@@ -1,0 +1,1335 @@
+/* The Python-facing Client and ExecResult types: argument parsing, JSON
+ * conversion, GIL release around every network wait, delivery of streamed
+ * output on the calling thread. */
+#include "module.h"
+
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <structmember.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ops.h"
+
+/* ================================================================ ExecResult */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *stdout_;
+    PyObject *stderr_;
+    PyObject *exit_code;
+    PyObject *error;
+    PyObject *exec_ms;
+    PyObject *stdout_truncated;
+    PyObject *stderr_truncated;
+    PyObject *streamed;
+    PyObject *sandbox_id;
+    PyObject *timed_out;
+} ExecResultObject;
+
+#define ER_FIELDS(X)                                                                              \
+    X(stdout_, "stdout")                                                                          \
+    X(stderr_, "stderr")                                                                          \
+    X(exit_code, "exit_code")                                                                     \
+    X(error, "error")                                                                             \
+    X(exec_ms, "exec_ms")                                                                         \
+    X(stdout_truncated, "stdout_truncated")                                                       \
+    X(stderr_truncated, "stderr_truncated")                                                       \
+    X(streamed, "streamed")                                                                       \
+    X(sandbox_id, "sandbox_id")                                                                   \
+    X(timed_out, "timed_out")
+
+static PyMemberDef er_members[] = {
+#define X(field, name) {name, T_OBJECT, offsetof(ExecResultObject, field), READONLY, NULL},
+    ER_FIELDS(X)
+#undef X
+    {NULL, 0, 0, 0, NULL},
+};
+
+static void er_dealloc(ExecResultObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+#define X(field, name) Py_CLEAR(self->field);
+    ER_FIELDS(X)
+#undef X
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+/* ExecResult(**fields): also constructible from Python, for tests and fakes. */
+static PyObject *er_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"stdout", "stderr", "exit_code", "error", "exec_ms", "stdout_truncated",
+                         "stderr_truncated", "streamed", "sandbox_id", "timed_out", NULL};
+    PyObject *so = NULL, *se = NULL, *error = Py_None, *exec_ms = Py_None, *sid = Py_None;
+    int exit_code = -1, sot = 0, set = 0, streamed = 0, timed_out = 0;
+    ExecResultObject *self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$UUiOOppzOp", kw, &so, &se, &exit_code, &error,
+                                     &exec_ms, &sot, &set, &streamed, &sid, &timed_out))
+        return NULL;
+    (void)sid;
+    self = (ExecResultObject *)tp->tp_alloc(tp, 0);
+    if (self == NULL)
+        return NULL;
+    self->stdout_ = so ? Py_NewRef(so) : PyUnicode_FromString("");
+    self->stderr_ = se ? Py_NewRef(se) : PyUnicode_FromString("");
+    self->exit_code = PyLong_FromLong(exit_code);
+    self->error = Py_NewRef(error);
+    self->exec_ms = Py_NewRef(exec_ms);
+    self->stdout_truncated = PyBool_FromLong(sot);
+    self->stderr_truncated = PyBool_FromLong(set);
+    self->streamed = PyBool_FromLong(streamed);
+    self->sandbox_id = Py_NewRef(sid ? sid : Py_None);
+    self->timed_out = PyBool_FromLong(timed_out);
+    if (!self->stdout_ || !self->stderr_ || !self->exit_code) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static PyObject *er_repr(ExecResultObject *self)
+{
+    return PyUnicode_FromFormat(
+        "ExecResult(exit_code=%R, stdout=<%zd chars%s>, stderr=<%zd chars%s>, error=%R, "
+        "streamed=%R, timed_out=%R, sandbox_id=%R)",
+        self->exit_code, PyUnicode_GET_LENGTH(self->stdout_),
+        self->stdout_truncated == Py_True ? ", truncated" : "", PyUnicode_GET_LENGTH(self->stderr_),
+        self->stderr_truncated == Py_True ? ", truncated" : "", self->error, self->streamed,
+        self->timed_out, self->sandbox_id);
+}
+
+static PyType_Slot er_slots[] = {
+    {Py_tp_dealloc, er_dealloc},
+    {Py_tp_new, er_new},
+    {Py_tp_repr, er_repr},
+    {Py_tp_members, er_members},
+    {Py_tp_doc, "The outcome of one exec: output (capped), exit code, and how it ended."},
+    {0, NULL},
+};
+
+static PyType_Spec er_spec = {
+    .name = "langflow_sandbox_createos._createos.ExecResult",
+    .basicsize = sizeof(ExecResultObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = er_slots,
+};
+
+static PyObject *decode(const char *s, size_t n)
+{
+    return PyUnicode_DecodeUTF8(s ? s : "", (Py_ssize_t)n, "replace");
+}
+
+static PyObject *make_result(cos_state *st, cos_exec_out *x, const char *sandbox_id)
+{
+    ExecResultObject *r = PyObject_New(ExecResultObject, st->ExecResultType);
+    if (r == NULL)
+        return NULL;
+    r->stdout_ = decode(x->out[0].data, x->out[0].len);
+    r->stderr_ = decode(x->out[1].data, x->out[1].len);
+    r->exit_code = PyLong_FromLongLong(x->has_exit ? x->exit_code : -1);
+    r->error = x->error ? decode(x->error, x->error_len) : Py_NewRef(Py_None);
+    r->exec_ms = x->has_exec_ms ? PyFloat_FromDouble(x->exec_ms) : Py_NewRef(Py_None);
+    r->stdout_truncated = PyBool_FromLong(x->out[0].truncated);
+    r->stderr_truncated = PyBool_FromLong(x->out[1].truncated);
+    r->streamed = PyBool_FromLong(x->streamed);
+    r->sandbox_id = sandbox_id && sandbox_id[0] ? decode(sandbox_id, strlen(sandbox_id)) : Py_NewRef(Py_None);
+    r->timed_out = PyBool_FromLong(x->timed_out);
+    if (!r->stdout_ || !r->stderr_ || !r->exit_code || !r->error || !r->exec_ms || !r->sandbox_id) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    return (PyObject *)r;
+}
+
+/* ==================================================================== JSON */
+
+static PyObject *json_to_py(json_t *j)
+{
+    PyObject *out = NULL, *v;
+    const char *k;
+    json_t *jv;
+    size_t i;
+
+    switch (json_typeof(j)) {
+    case JSON_OBJECT:
+        if ((out = PyDict_New()) == NULL)
+            return NULL;
+        json_object_foreach(j, k, jv) {
+            PyObject *key = decode(k, strlen(k));
+            int bad;
+            v = key ? json_to_py(jv) : NULL;
+            bad = v == NULL || PyDict_SetItem(out, key, v) < 0;
+            Py_XDECREF(key);
+            Py_XDECREF(v);
+            if (bad) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        return out;
+    case JSON_ARRAY:
+        if ((out = PyList_New((Py_ssize_t)json_array_size(j))) == NULL)
+            return NULL;
+        json_array_foreach(j, i, jv) {
+            if ((v = json_to_py(jv)) == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+        }
+        return out;
+    case JSON_STRING:
+        return decode(json_string_value(j), json_string_length(j));
+    case JSON_INTEGER:
+        return PyLong_FromLongLong(json_integer_value(j));
+    case JSON_REAL:
+        return PyFloat_FromDouble(json_real_value(j));
+    case JSON_TRUE:
+        Py_RETURN_TRUE;
+    case JSON_FALSE:
+        Py_RETURN_FALSE;
+    default:
+        Py_RETURN_NONE;
+    }
+}
+
+/* Python value -> new jansson value; NULL with a Python exception. */
+static json_t *py_to_json(PyObject *o, int depth)
+{
+    json_t *out = NULL;
+    Py_ssize_t i, n;
+
+    if (depth > 64) {
+        PyErr_SetString(PyExc_ValueError, "JSON value nested too deeply");
+        return NULL;
+    }
+    if (o == Py_None)
+        return json_null();
+    if (PyBool_Check(o))
+        return json_boolean(o == Py_True);
+    if (PyLong_Check(o)) {
+        long long v = PyLong_AsLongLong(o);
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        return json_integer(v);
+    }
+    if (PyFloat_Check(o)) {
+        double d = PyFloat_AS_DOUBLE(o);
+        if (!isfinite(d)) {
+            PyErr_SetString(PyExc_ValueError, "NaN and infinity are not JSON");
+            return NULL;
+        }
+        return json_real(d);
+    }
+    if (PyUnicode_Check(o)) {
+        const char *s = PyUnicode_AsUTF8AndSize(o, &n);
+        if (s == NULL)
+            return NULL;
+        out = json_stringn(s, (size_t)n);
+        goto check;
+    }
+    if (PyDict_Check(o) || (PyMapping_Check(o) && !PySequence_Check(o))) {
+        PyObject *items = PyMapping_Items(o);
+        if (items == NULL)
+            return NULL;
+        out = json_object();
+        n = PyList_GET_SIZE(items);
+        for (i = 0; out && i < n; i++) {
+            PyObject *kv = PyList_GET_ITEM(items, i), *key = PyTuple_GET_ITEM(kv, 0);
+            const char *ks;
+            json_t *v;
+            if (!PyUnicode_Check(key)) {
+                PyErr_SetString(PyExc_TypeError, "JSON object keys must be str");
+                goto map_fail;
+            }
+            if ((ks = PyUnicode_AsUTF8(key)) == NULL || (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
+                goto map_fail;
+            if (json_object_set_new(out, ks, v) < 0) {
+                PyErr_SetString(PyExc_ValueError, "invalid JSON object key");
+                goto map_fail;
+            }
+        }
+        Py_DECREF(items);
+        goto check;
+    map_fail:
+        Py_DECREF(items);
+        json_decref(out);
+        return NULL;
+    }
+    if (PyList_Check(o) || PyTuple_Check(o) ||
+        (PySequence_Check(o) && !PyBytes_Check(o) && !PyByteArray_Check(o))) {
+        PyObject *seq = PySequence_Fast(o, "expected a sequence");
+        if (seq == NULL)
+            return NULL;
+        out = json_array();
+        n = PySequence_Fast_GET_SIZE(seq);
+        for (i = 0; out && i < n; i++) {
+            json_t *v = py_to_json(PySequence_Fast_GET_ITEM(seq, i), depth + 1);
+            if (v == NULL || json_array_append_new(out, v) < 0) {
+                Py_DECREF(seq);
+                json_decref(out);
+                if (!PyErr_Occurred())
+                    PyErr_NoMemory();
+                return NULL;
+            }
+        }
+        Py_DECREF(seq);
+        goto check;
+    }
+    PyErr_Format(PyExc_TypeError, "%.100s is not JSON-serializable", Py_TYPE(o)->tp_name);
+    return NULL;
+check:
+    if (out == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "value cannot be encoded as JSON (invalid UTF-8?)");
+    return out;
+}
+
+/* A JSON value of the given kind, or NULL (obj None) — error when *ok is 0. */
+static json_t *arg_json(PyObject *o, int want_object, const char *what, int *ok)
+{
+    json_t *j;
+    *ok = 1;
+    if (o == NULL || o == Py_None)
+        return NULL;
+    j = py_to_json(o, 0);
+    if (j == NULL) {
+        *ok = 0;
+        return NULL;
+    }
+    if (want_object ? !json_is_object(j) : !json_is_array(j)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a %s", what, want_object ? "mapping" : "sequence");
+        json_decref(j);
+        *ok = 0;
+        return NULL;
+    }
+    return j;
+}
+
+/* A list of strings, as a JSON array (args, egress rules). */
+static json_t *arg_str_list(PyObject *o, const char *what, int *ok)
+{
+    json_t *j = arg_json(o, 0, what, ok), *v;
+    size_t i;
+    if (j == NULL)
+        return NULL;
+    json_array_foreach(j, i, v) {
+        if (!json_is_string(v)) {
+            PyErr_Format(PyExc_TypeError, "%s must contain only str", what);
+            json_decref(j);
+            *ok = 0;
+            return NULL;
+        }
+    }
+    return j;
+}
+
+/* ================================================================== Client */
+
+typedef struct {
+    PyObject_HEAD
+    cos_cfg cfg;
+    cos_engine *eng;
+    PyObject *base_url;
+    PyObject *weakreflist;
+    int closed;
+} ClientObject;
+
+static cos_state *state_of(PyObject *self)
+{
+    return (cos_state *)PyModule_GetState(PyType_GetModule(Py_TYPE(self)));
+}
+
+void cos_client_after_fork(PyObject *obj)
+{
+    ClientObject *self = (ClientObject *)obj;
+    cos_err err;
+    if (self->eng == NULL || cos_engine_pid(self->eng) == getpid())
+        return;
+    /* abandon the parent's engine: its sockets and thread are not ours */
+    cos_err_clear(&err);
+    self->eng = self->closed ? NULL : cos_engine_new(&err);
+}
+
+static cos_engine *engine_of(ClientObject *self)
+{
+    if (self->closed) {
+        cos_err err;
+        cos_err_clear(&err);
+        cos_err_set(&err, COS_E_CLOSED, "the client is closed");
+        cos_raise(state_of((PyObject *)self), &err);
+        return NULL;
+    }
+    cos_client_after_fork((PyObject *)self); /* a fork the hook did not see */
+    if (self->eng == NULL)
+        PyErr_NoMemory();
+    return self->eng;
+}
+
+/* One call's hook state: the caller's thread state while the GIL is released,
+ * and where streamed output goes. */
+typedef struct {
+    PyThreadState *ts;
+    PyObject *on_output;
+} call_hook;
+
+static int deliver(PyObject *on_output, cos_exec_out *xo)
+{
+    static const char *const names[2] = {"stdout", "stderr"};
+    int s;
+    for (s = 0; s < 2; s++) {
+        char *data;
+        size_t len;
+        PyObject *text, *res;
+        if (cos_exec_out_take(xo, s, &data, &len) < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        if (data == NULL)
+            continue;
+        text = decode(data, len);
+        free(data);
+        if (text == NULL)
+            return -1;
+        res = PyObject_CallFunction(on_output, "sO", names[s], text);
+        Py_DECREF(text);
+        if (res == NULL)
+            return -1;
+        Py_DECREF(res);
+    }
+    return 0;
+}
+
+/* Between waits: take the GIL, hand over output, notice Ctrl-C. */
+static int py_slice(void *ud, cos_exec_out *xo)
+{
+    call_hook *h = ud;
+    int stop = 0;
+    PyEval_RestoreThread(h->ts);
+    if (xo != NULL && h->on_output != NULL && deliver(h->on_output, xo) < 0)
+        stop = 1;
+    if (!stop && PyErr_CheckSignals() < 0)
+        stop = 1;
+    h->ts = PyEval_SaveThread();
+    return stop;
+}
+
+#define CALL_BEGIN(self, on_output_obj)                                                           \
+    cos_err err;                                                                                  \
+    call_hook hook = {NULL, (on_output_obj)};                                                     \
+    cos_ctx ctx;                                                                                  \
+    int rc;                                                                                       \
+    cos_err_clear(&err);                                                                          \
+    ctx.eng = engine_of(self);                                                                    \
+    ctx.cfg = &(self)->cfg;                                                                       \
+    ctx.slice = py_slice;                                                                         \
+    ctx.ud = &hook;                                                                               \
+    ctx.err = &err;                                                                               \
+    ctx.aborted = 0;
+
+#define CALL_RUN(expr)                                                                            \
+    do {                                                                                          \
+        hook.ts = PyEval_SaveThread();                                                            \
+        rc = (expr);                                                                              \
+        PyEval_RestoreThread(hook.ts);                                                            \
+    } while (0)
+
+/* After CALL_RUN: NULL and an exception, or continue. */
+static int call_failed(ClientObject *self, cos_ctx *ctx, int rc)
+{
+    if (ctx->aborted) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "native call interrupted");
+        return 1;
+    }
+    if (rc < 0) {
+        cos_raise(state_of((PyObject *)self), ctx->err);
+        return 1;
+    }
+    return 0;
+}
+
+static int parse_timeout(PyObject *o, const char *what, long *ms, int allow_none)
+{
+    double t;
+    if (o == NULL || o == Py_None) {
+        if (allow_none)
+            return 0;
+        PyErr_Format(PyExc_TypeError, "%s is required", what);
+        return -1;
+    }
+    t = PyFloat_AsDouble(o);
+    if (t == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!isfinite(t) || t <= 0 || t > 30.0 * 86400.0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds (at most 30 days)", what);
+        return -1;
+    }
+    *ms = (long)ceil(t * 1000.0);
+    return 0;
+}
+
+/* A str argument without NUL bytes; sandbox ids also bounded and non-empty. */
+static const char *arg_cstr(PyObject *o, const char *what, size_t maxlen)
+{
+    Py_ssize_t n;
+    const char *s;
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be str", what);
+        return NULL;
+    }
+    if ((s = PyUnicode_AsUTF8AndSize(o, &n)) == NULL)
+        return NULL;
+    if ((size_t)n != strlen(s) || n == 0 || (maxlen && (size_t)n >= maxlen)) {
+        PyErr_Format(PyExc_ValueError, "%s must be a non-empty string without NUL bytes%s", what,
+                     maxlen ? " (and short)" : "");
+        return NULL;
+    }
+    return s;
+}
+
+static PyObject *client_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
+{
+    ClientObject *self = (ClientObject *)tp->tp_alloc(tp, 0);
+    (void)args;
+    (void)kwds;
+    return (PyObject *)self;
+}
+
+static void free_cfg(cos_cfg *cfg)
+{
+    free(cfg->base);
+    if (cfg->key) {
+        memset(cfg->key, 0, strlen(cfg->key));
+        free(cfg->key);
+    }
+    free(cfg->user_agent);
+    free(cfg->ca_file);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+static int track(ClientObject *self)
+{
+    cos_state *st = state_of((PyObject *)self);
+    PyObject *ref, *live;
+    Py_ssize_t i;
+    if ((live = PyList_New(0)) == NULL)
+        return -1;
+    for (i = 0; i < PyList_GET_SIZE(st->clients); i++) {
+        PyObject *r = PyList_GET_ITEM(st->clients, i);
+        if (PyWeakref_GetObject(r) != Py_None && PyList_Append(live, r) < 0)
+            goto error;
+    }
+    if ((ref = PyWeakref_NewRef((PyObject *)self, NULL)) == NULL)
+        goto error;
+    if (PyList_Append(live, ref) < 0) {
+        Py_DECREF(ref);
+        goto error;
+    }
+    Py_DECREF(ref);
+    Py_SETREF(st->clients, live);
+    return 0;
+error:
+    Py_DECREF(live);
+    return -1;
+}
+
+static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"base_url", "api_key", "connect_timeout", "control_timeout", "user_agent", NULL};
+    PyObject *url_o, *key_o, *ct = NULL, *cto = NULL, *ua_o = Py_None;
+    const char *url, *key, *ua = NULL, *ca;
+    long connect_ms = 10000, control_ms = 60000;
+    char default_ua[128];
+    cos_err err;
+
+    if (self->eng != NULL || self->cfg.base != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UU|$OOO", kw, &url_o, &key_o, &ct, &cto, &ua_o))
+        return -1;
+    if (parse_timeout(ct, "connect_timeout", &connect_ms, 1) < 0 ||
+        parse_timeout(cto, "control_timeout", &control_ms, 1) < 0)
+        return -1;
+    cos_err_clear(&err);
+    url = PyUnicode_AsUTF8(url_o);
+    key = PyUnicode_AsUTF8(key_o);
+    if (url == NULL || key == NULL) {
+        /* neither the key nor the URL is quoted in the error */
+        PyErr_Clear();
+        cos_err_set(&err, COS_E_CONFIG, "the base URL and the API key must be valid text");
+        goto config_error;
+    }
+    if (cos_check_key(key, &err) < 0 || cos_check_base_url(url, &self->cfg.base, &err) < 0)
+        goto config_error;
+    if (ua_o != Py_None) {
+        if ((ua = arg_cstr(ua_o, "user_agent", 256)) == NULL)
+            goto error;
+        for (const char *p = ua; *p; p++)
+            if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7F) {
+                PyErr_SetString(PyExc_ValueError, "user_agent must be printable ASCII");
+                goto error;
+            }
+    } else {
+        snprintf(default_ua, sizeof default_ua, "langflow-sandbox-createos/0.3.0 libcurl/%s",
+                 curl_version_info(CURLVERSION_NOW)->version);
+        ua = default_ua;
+    }
+    ca = getenv("SSL_CERT_FILE");
+    if (ca == NULL || ca[0] == '\0')
+        ca = getenv("CURL_CA_BUNDLE");
+    self->cfg.key = strdup(key);
+    self->cfg.user_agent = strdup(ua);
+    self->cfg.ca_file = ca && ca[0] ? strdup(ca) : NULL;
+    self->cfg.connect_ms = connect_ms;
+    self->cfg.control_ms = control_ms;
+    if (!self->cfg.key || !self->cfg.user_agent || (ca && ca[0] && !self->cfg.ca_file)) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    if ((self->eng = cos_engine_new(&err)) == NULL) {
+        cos_raise(state_of((PyObject *)self), &err);
+        goto error;
+    }
+    if ((self->base_url = PyUnicode_FromString(self->cfg.base)) == NULL || track(self) < 0)
+        goto error;
+    return 0;
+config_error:
+    cos_raise(state_of((PyObject *)self), &err);
+error:
+    return -1;
+}
+
+static void client_close_engine(ClientObject *self)
+{
+    cos_engine *e = self->eng;
+    self->eng = NULL;
+    if (e == NULL)
+        return;
+    if (cos_engine_pid(e) == getpid()) {
+        Py_BEGIN_ALLOW_THREADS
+        cos_engine_free(e); /* waits for background deletes (each bounded) */
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static int client_traverse(ClientObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->base_url);
+    return 0;
+}
+
+static int client_clear(ClientObject *self)
+{
+    Py_CLEAR(self->base_url);
+    return 0;
+}
+
+static void client_dealloc(ClientObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    client_close_engine(self);
+    free_cfg(&self->cfg);
+    client_clear(self);
+    tp->tp_free((PyObject *)self);
+    Py_DECREF(tp);
+}
+
+static PyObject *client_repr(ClientObject *self)
+{
+    return PyUnicode_FromFormat("<createos Client base_url=%R%s>", self->base_url ? self->base_url : Py_None,
+                                self->closed ? " closed" : "");
+}
+
+/* ------------------------------------------------------------- operations */
+
+static PyObject *json_result(json_t *j)
+{
+    PyObject *o = json_to_py(j);
+    json_decref(j);
+    return o;
+}
+
+typedef int (*op_plain)(cos_ctx *, json_t **);
+typedef int (*op_id)(cos_ctx *, const char *, json_t **);
+
+static PyObject *run_plain(ClientObject *self, op_plain fn)
+{
+    json_t *out = NULL;
+    CALL_BEGIN(self, NULL);
+    if (ctx.eng == NULL)
+        return NULL;
+    CALL_RUN(fn(&ctx, &out));
+    if (call_failed(self, &ctx, rc)) {
+        json_decref(out);
+        return NULL;
+    }
+    return json_result(out);
+}
+
+static PyObject *run_id(ClientObject *self, PyObject *id_o, op_id fn)
+{
+    json_t *out = NULL;
+    const char *id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX);
+    if (id == NULL)
+        return NULL;
+    CALL_BEGIN(self, NULL);
+    if (ctx.eng == NULL)
+        return NULL;
+    CALL_RUN(fn(&ctx, id, &out));
+    if (call_failed(self, &ctx, rc)) {
+        json_decref(out);
+        return NULL;
+    }
+    return json_result(out);
+}
+
+static PyObject *c_whoami(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    return run_plain(self, cos_op_whoami);
+}
+
+static PyObject *c_shapes(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    return run_plain(self, cos_op_shapes);
+}
+
+static PyObject *c_rootfs(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    return run_plain(self, cos_op_rootfs);
+}
+
+static PyObject *c_get(ClientObject *self, PyObject *id)
+{
+    return run_id(self, id, cos_op_get);
+}
+
+static PyObject *c_delete(ClientObject *self, PyObject *id)
+{
+    return run_id(self, id, cos_op_delete);
+}
+
+static PyObject *c_pause(ClientObject *self, PyObject *id)
+{
+    return run_id(self, id, cos_op_pause);
+}
+
+static PyObject *c_get_egress(ClientObject *self, PyObject *id)
+{
+    return run_id(self, id, cos_op_get_egress);
+}
+
+static PyObject *c_create(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"spec", "timeout", NULL};
+    PyObject *spec_o, *timeout_o = Py_None;
+    json_t *spec, *out = NULL;
+    long timeout_ms = 0;
+    int ok;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O", kw, &spec_o, &timeout_o) ||
+        parse_timeout(timeout_o, "timeout", &timeout_ms, 1) < 0)
+        return NULL;
+    spec = arg_json(spec_o, 1, "spec", &ok);
+    if (!ok)
+        return NULL;
+    if (spec == NULL) {
+        PyErr_SetString(PyExc_TypeError, "spec must be a mapping");
+        return NULL;
+    }
+    CALL_BEGIN(self, NULL);
+    if (ctx.eng == NULL) {
+        json_decref(spec);
+        return NULL;
+    }
+    CALL_RUN(cos_op_create(&ctx, spec, timeout_ms, &out));
+    json_decref(spec);
+    if (call_failed(self, &ctx, rc))
+        return NULL;
+    return json_result(out);
+}
+
+static PyObject *c_list(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"prefix", "status", NULL};
+    PyObject *prefix_o = Py_None, *status_o = Py_None;
+    const char *prefix = NULL, *status = NULL;
+    json_t *out = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OO", kw, &prefix_o, &status_o))
+        return NULL;
+    if ((prefix_o != Py_None && (prefix = arg_cstr(prefix_o, "prefix", 0)) == NULL) ||
+        (status_o != Py_None && (status = arg_cstr(status_o, "status", 64)) == NULL))
+        return NULL;
+    CALL_BEGIN(self, NULL);
+    if (ctx.eng == NULL)
+        return NULL;
+    CALL_RUN(cos_op_list(&ctx, prefix, status, &out));
+    if (call_failed(self, &ctx, rc))
+        return NULL;
+    return json_result(out);
+}
+
+static PyObject *c_resume(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"sandbox_id", "wait", NULL};
+    PyObject *id_o, *wait_o = Py_None;
+    const char *id;
+    long wait_ms = -1;
+    json_t *out = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O", kw, &id_o, &wait_o) ||
+        (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
+        parse_timeout(wait_o, "wait", &wait_ms, 1) < 0)
+        return NULL;
+    CALL_BEGIN(self, NULL);
+    if (ctx.eng == NULL)
+        return NULL;
+    CALL_RUN(cos_op_resume(&ctx, id, wait_ms, &out));
+    if (call_failed(self, &ctx, rc))
+        return NULL;
+    return json_result(out);
+}
+
+static PyObject *c_fork(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"sandbox_id", "spec", NULL};
+    PyObject *id_o, *spec_o = Py_None;
+    const char *id;
+    json_t *spec, *out = NULL;
+    int ok;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kw, &id_o, &spec_o) ||
+        (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
+        return NULL;
+    spec = arg_json(spec_o, 1, "spec", &ok);
+    if (!ok)
+        return NULL;
+    CALL_BEGIN(self, NULL);
+    if (ctx.eng == NULL) {
+        json_decref(spec);
+        return NULL;
+    }
+    CALL_RUN(cos_op_fork(&ctx, id, spec, &out));
+    json_decref(spec);
+    if (call_failed(self, &ctx, rc))
+        return NULL;
+    return json_result(out);
+}
+
+static PyObject *c_patch(ClientObject *self, PyObject *args)
+{
+    PyObject *id_o, *fields_o;
+    const char *id;
+    json_t *fields, *out = NULL;
+    int ok;
+    if (!PyArg_ParseTuple(args, "OO", &id_o, &fields_o) ||
+        (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
+        return NULL;
+    fields = arg_json(fields_o, 1, "fields", &ok);
+    if (!ok)
+        return NULL;
+    if (fields == NULL) {
+        PyErr_SetString(PyExc_TypeError, "fields must be a mapping");
+        return NULL;
+    }
+    CALL_BEGIN(self, NULL);
+    if (ctx.eng == NULL) {
+        json_decref(fields);
+        return NULL;
+    }
+    CALL_RUN(cos_op_patch(&ctx, id, fields, &out));
+    json_decref(fields);
+    if (call_failed(self, &ctx, rc))
+        return NULL;
+    return json_result(out);
+}
+
+static PyObject *c_put_egress(ClientObject *self, PyObject *args)
+{
+    PyObject *id_o, *rules_o;
+    const char *id;
+    json_t *rules, *out = NULL;
+    int ok;
+    if (!PyArg_ParseTuple(args, "OO", &id_o, &rules_o) ||
+        (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
+        return NULL;
+    if (PyUnicode_Check(rules_o)) {
+        PyErr_SetString(PyExc_TypeError, "rules must be a sequence of str or None, not str");
+        return NULL;
+    }
+    rules = arg_str_list(rules_o, "rules", &ok);
+    if (!ok)
+        return NULL;
+    CALL_BEGIN(self, NULL);
+    if (ctx.eng == NULL) {
+        json_decref(rules);
+        return NULL;
+    }
+    CALL_RUN(cos_op_put_egress(&ctx, id, rules, &out));
+    json_decref(rules);
+    if (call_failed(self, &ctx, rc))
+        return NULL;
+    return json_result(out);
+}
+
+static PyObject *c_upload(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"sandbox_id", "path", "data", "file", NULL};
+    PyObject *id_o, *path_o, *data_o = Py_None, *file_o = Py_None, *fspath = NULL;
+    const char *id, *path;
+    Py_buffer buf = {0};
+    FILE *fp = NULL;
+    long long size = 0;
+    PyObject *result = NULL;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$O", kw, &id_o, &path_o, &data_o, &file_o) ||
+        (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
+        (path = arg_cstr(path_o, "path", 4096)) == NULL)
+        return NULL;
+    if ((data_o == Py_None) == (file_o == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "upload needs exactly one of data= or file=");
+        return NULL;
+    }
+    if (data_o != Py_None) {
+        if (PyObject_GetBuffer(data_o, &buf, PyBUF_SIMPLE) < 0)
+            return NULL;
+    } else {
+        struct stat stt;
+        const char *fs;
+        if (!PyUnicode_FSConverter(file_o, &fspath))
+            return NULL;
+        fs = PyBytes_AS_STRING(fspath);
+        fp = fopen(fs, "rb");
+        if (fp == NULL || fstat(fileno(fp), &stt) < 0 || !S_ISREG(stt.st_mode)) {
+            if (fp != NULL && errno == 0)
+                errno = EISDIR;
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, file_o);
+            goto done;
+        }
+        size = (long long)stt.st_size;
+    }
+    {
+        CALL_BEGIN(self, NULL);
+        if (ctx.eng == NULL)
+            goto done;
+        CALL_RUN(cos_op_upload(&ctx, id, path, buf.buf, (size_t)buf.len, fp, size));
+        if (!call_failed(self, &ctx, rc))
+            result = Py_NewRef(Py_None);
+    }
+done:
+    if (buf.obj)
+        PyBuffer_Release(&buf);
+    if (fp)
+        fclose(fp);
+    Py_XDECREF(fspath);
+    return result;
+}
+
+static PyObject *c_download(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"sandbox_id", "path", "max_bytes", NULL};
+    PyObject *id_o, *path_o, *result;
+    const char *id, *path;
+    Py_ssize_t max_bytes;
+    cos_buf out = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO$n", kw, &id_o, &path_o, &max_bytes) ||
+        (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
+        (path = arg_cstr(path_o, "path", 4096)) == NULL)
+        return NULL;
+    if (max_bytes < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_bytes must be >= 0");
+        return NULL;
+    }
+    CALL_BEGIN(self, NULL);
+    if (ctx.eng == NULL)
+        return NULL;
+    CALL_RUN(cos_op_download(&ctx, id, path, (size_t)max_bytes, &out));
+    if (call_failed(self, &ctx, rc)) {
+        cos_buf_free(&out);
+        return NULL;
+    }
+    result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.len);
+    cos_buf_free(&out);
+    return result;
+}
+
+/* Shared by exec and run_program: everything the exec request needs. */
+typedef struct {
+    cos_exec_args a;
+    Py_ssize_t max_output;
+    PyObject *on_output;
+} exec_params;
+
+static int parse_exec_common(exec_params *p, PyObject *cmd_o, PyObject *args_o, PyObject *stdin_o,
+                             PyObject *env_o, PyObject *timeout_o, Py_ssize_t max_output,
+                             PyObject *on_output)
+{
+    int ok;
+    memset(p, 0, sizeof *p);
+    if ((p->a.cmd = arg_cstr(cmd_o, "cmd", 0)) == NULL ||
+        parse_timeout(timeout_o, "timeout", &p->a.timeout_ms, 0) < 0)
+        return -1;
+    if (stdin_o != NULL && stdin_o != Py_None) {
+        Py_ssize_t n;
+        if (!PyUnicode_Check(stdin_o)) {
+            PyErr_SetString(PyExc_TypeError, "stdin must be str or None");
+            return -1;
+        }
+        if ((p->a.stdin_data = PyUnicode_AsUTF8AndSize(stdin_o, &n)) == NULL)
+            return -1;
+    }
+    if (max_output < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_output_bytes must be >= 0");
+        return -1;
+    }
+    if (on_output != NULL && on_output != Py_None && !PyCallable_Check(on_output)) {
+        PyErr_SetString(PyExc_TypeError, "on_output must be callable or None");
+        return -1;
+    }
+    if (args_o != NULL && PyUnicode_Check(args_o)) {
+        PyErr_SetString(PyExc_TypeError, "args must be a sequence of str, not str");
+        return -1;
+    }
+    p->max_output = max_output;
+    p->on_output = on_output == Py_None ? NULL : on_output;
+    p->a.args = arg_str_list(args_o, "args", &ok);
+    if (!ok)
+        return -1;
+    p->a.env = arg_json(env_o, 1, "env", &ok);
+    if (!ok) {
+        json_decref(p->a.args);
+        return -1;
+    }
+    return 0;
+}
+
+static void free_exec_params(exec_params *p)
+{
+    json_decref(p->a.args);
+    json_decref(p->a.env);
+}
+
+/* The output not yet handed to on_output goes now, then the result. */
+static PyObject *finish_exec(ClientObject *self, exec_params *p, cos_exec_out *xo, const char *sid)
+{
+    if (p->on_output != NULL && deliver(p->on_output, xo) < 0)
+        return NULL;
+    return make_result(state_of((PyObject *)self), xo, sid);
+}
+
+static PyObject *c_exec(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"sandbox_id", "cmd", "args", "stdin", "env", "timeout", "max_output_bytes",
+                         "stream", "on_output", NULL};
+    PyObject *id_o, *cmd_o, *args_o = NULL, *stdin_o = Py_None, *env_o = Py_None, *timeout_o = NULL,
+                            *on_output = Py_None, *result = NULL;
+    Py_ssize_t max_output = (Py_ssize_t)COS_DEFAULT_MAX_OUTPUT;
+    int stream = 1;
+    const char *id;
+    exec_params p;
+    cos_exec_out xo;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnpO", kw, &id_o, &cmd_o, &args_o, &stdin_o,
+                                     &env_o, &timeout_o, &max_output, &stream, &on_output) ||
+        (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
+        parse_exec_common(&p, cmd_o, args_o, stdin_o, env_o, timeout_o, max_output, on_output) < 0)
+        return NULL;
+    p.a.stream = stream;
+    if (cos_exec_out_init(&xo, (size_t)p.max_output) < 0) {
+        free_exec_params(&p);
+        return PyErr_NoMemory();
+    }
+    {
+        CALL_BEGIN(self, p.on_output);
+        if (ctx.eng == NULL)
+            goto done;
+        CALL_RUN(cos_op_exec(&ctx, id, &p.a, &xo));
+        if (!call_failed(self, &ctx, rc))
+            result = finish_exec(self, &p, &xo, NULL);
+    }
+done:
+    cos_exec_out_free(&xo);
+    free_exec_params(&p);
+    return result;
+}
+
+static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"create", "cmd", "args", "files", "stdin", "timeout", "max_output_bytes",
+                         "on_output", "delete", "sandbox_id", NULL};
+    PyObject *create_o, *cmd_o, *args_o = NULL, *files_o = NULL, *stdin_o = Py_None,
+                                *timeout_o = NULL, *on_output = Py_None, *sid_o = Py_None,
+                                *files_fast = NULL, *result = NULL;
+    const char *delete_mode = "wait", *adopt = NULL;
+    Py_ssize_t max_output = (Py_ssize_t)COS_DEFAULT_MAX_OUTPUT, nfiles = 0, i;
+    cos_file *files = NULL;
+    json_t *spec = NULL;
+    exec_params p;
+    cos_exec_out xo;
+    char sid[COS_ID_MAX];
+    int ok, background, have_params = 0, have_xo = 0;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnOsO", kw, &create_o, &cmd_o, &args_o,
+                                     &files_o, &stdin_o, &timeout_o, &max_output, &on_output,
+                                     &delete_mode, &sid_o))
+        return NULL;
+    if (strcmp(delete_mode, "wait") != 0 && strcmp(delete_mode, "background") != 0) {
+        PyErr_SetString(PyExc_ValueError, "delete must be \"wait\" or \"background\"");
+        return NULL;
+    }
+    background = delete_mode[0] == 'b';
+    if (sid_o != Py_None && (adopt = arg_cstr(sid_o, "sandbox_id", COS_ID_MAX)) == NULL)
+        return NULL;
+    if (parse_exec_common(&p, cmd_o, args_o, stdin_o, NULL, timeout_o, max_output, on_output) < 0)
+        return NULL;
+    have_params = 1;
+    p.a.stream = 1;
+    if (adopt == NULL) {
+        spec = arg_json(create_o, 1, "create", &ok);
+        if (!ok)
+            goto done;
+        if (spec == NULL) {
+            PyErr_SetString(PyExc_TypeError, "create must be a mapping");
+            goto done;
+        }
+    }
+    if (files_o != NULL) {
+        if ((files_fast = PySequence_Fast(files_o, "files must be a sequence of (path, bytes)")) == NULL)
+            goto done;
+        nfiles = PySequence_Fast_GET_SIZE(files_fast);
+        if (nfiles > 0 && (files = PyMem_Calloc((size_t)nfiles, sizeof *files)) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (i = 0; i < nfiles; i++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(files_fast, i);
+            char *data;
+            Py_ssize_t len;
+            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+                !PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
+                PyErr_SetString(PyExc_TypeError, "files must be a sequence of (path: str, data: bytes)");
+                goto done;
+            }
+            if ((files[i].path = arg_cstr(PyTuple_GET_ITEM(item, 0), "file path", 4096)) == NULL)
+                goto done;
+            /* bytes are immutable and files_fast keeps them alive without the GIL */
+            PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), &data, &len);
+            files[i].data = data;
+            files[i].len = (size_t)len;
+        }
+    }
+    if (cos_exec_out_init(&xo, (size_t)p.max_output) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    have_xo = 1;
+    {
+        CALL_BEGIN(self, p.on_output);
+        if (ctx.eng == NULL)
+            goto done;
+        CALL_RUN(cos_op_run_program(&ctx, spec, adopt, files, (size_t)nfiles, &p.a, background, &xo, sid));
+        if (!call_failed(self, &ctx, rc))
+            result = finish_exec(self, &p, &xo, sid);
+    }
+done:
+    if (have_xo)
+        cos_exec_out_free(&xo);
+    if (have_params)
+        free_exec_params(&p);
+    json_decref(spec);
+    PyMem_Free(files);
+    Py_XDECREF(files_fast);
+    return result;
+}
+
+static PyObject *c_drain_deletes(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"timeout", NULL};
+    double timeout = 0.0, end;
+    cos_outcome *all, *o;
+    PyObject *list;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|d", kw, &timeout))
+        return NULL;
+    if (self->eng == NULL || cos_engine_pid(self->eng) != getpid())
+        return PyList_New(0);
+    end = cos_now_ms() + (isfinite(timeout) && timeout > 0 ? timeout * 1000.0 : 0);
+    for (;;) {
+        size_t pending;
+        double left = end - cos_now_ms();
+        Py_BEGIN_ALLOW_THREADS
+        pending = cos_engine_wait_deletes(self->eng, left < COS_SLICE_MS ? left : COS_SLICE_MS);
+        Py_END_ALLOW_THREADS
+        if (pending == 0 || cos_now_ms() >= end)
+            break;
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
+    all = cos_engine_take_outcomes(self->eng);
+    if ((list = PyList_New(0)) == NULL)
+        goto done;
+    for (o = all; o != NULL; o = o->next) {
+        PyObject *t = Py_BuildValue("(sOs)", o->id, Py_None, o->error);
+        if (t != NULL && o->status > 0) {
+            PyObject *st = PyLong_FromLong(o->status);
+            if (st == NULL) {
+                Py_CLEAR(t);
+            } else {
+                Py_SETREF(PyTuple_GET_ITEM(t, 1), st);
+            }
+        }
+        if (t == NULL || PyList_Append(list, t) < 0) {
+            Py_XDECREF(t);
+            Py_CLEAR(list);
+            goto done;
+        }
+        Py_DECREF(t);
+    }
+done:
+    cos_outcomes_free(all);
+    return list;
+}
+
+static PyObject *c_pending_deletes(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->eng == NULL || cos_engine_pid(self->eng) != getpid())
+        return PyLong_FromLong(0);
+    return PyLong_FromSize_t(cos_engine_pending_deletes(self->eng));
+}
+
+static PyObject *c_stats(ClientObject *self, PyObject *unused)
+{
+    uint64_t v[COS_STAT_COUNT] = {0};
+    PyObject *d = PyDict_New();
+    int i;
+    (void)unused;
+    if (d == NULL)
+        return NULL;
+    if (self->eng != NULL && cos_engine_pid(self->eng) == getpid())
+        cos_engine_stats(self->eng, v);
+    for (i = 0; i < COS_STAT_COUNT; i++) {
+        PyObject *n = PyLong_FromUnsignedLongLong(v[i]);
+        if (n == NULL || PyDict_SetItemString(d, cos_stat_names[i], n) < 0) {
+            Py_XDECREF(n);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(n);
+    }
+    if (self->eng != NULL) {
+        PyObject *n = PyLong_FromSize_t(cos_engine_pid(self->eng) == getpid()
+                                            ? cos_engine_pending_deletes(self->eng) : 0);
+        if (n == NULL || PyDict_SetItemString(d, "pending_deletes", n) < 0) {
+            Py_XDECREF(n);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(n);
+    }
+    return d;
+}
+
+static PyObject *c_close(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->closed)
+        Py_RETURN_NONE;
+    self->closed = 1;
+    if (self->eng != NULL && cos_engine_pid(self->eng) == getpid()) {
+        cos_engine *e = self->eng;
+        /* the struct stays until dealloc: other threads may still be inside a call */
+        Py_BEGIN_ALLOW_THREADS
+        cos_engine_close(e);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *c_enter(ClientObject *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_NewRef(self);
+}
+
+static PyObject *c_exit(ClientObject *self, PyObject *args)
+{
+    (void)args;
+    return c_close(self, NULL);
+}
+
+static PyMethodDef client_methods[] = {
+    {"whoami", (PyCFunction)c_whoami, METH_NOARGS, "GET /v1/whoami"},
+    {"shapes", (PyCFunction)c_shapes, METH_NOARGS, "Every shape, all pages."},
+    {"rootfs", (PyCFunction)c_rootfs, METH_NOARGS, "GET /v1/rootfs"},
+    {"create", (PyCFunction)(void (*)(void))c_create, METH_VARARGS | METH_KEYWORDS, "Create a sandbox."},
+    {"get", (PyCFunction)c_get, METH_O, "The view of one sandbox."},
+    {"list", (PyCFunction)(void (*)(void))c_list, METH_VARARGS | METH_KEYWORDS,
+     "Every sandbox, all pages, filtered by name prefix and status."},
+    {"delete", (PyCFunction)c_delete, METH_O, "Delete a sandbox."},
+    {"pause", (PyCFunction)c_pause, METH_O, "Pause a sandbox."},
+    {"resume", (PyCFunction)(void (*)(void))c_resume, METH_VARARGS | METH_KEYWORDS,
+     "Resume; with wait=seconds, poll until running."},
+    {"fork", (PyCFunction)(void (*)(void))c_fork, METH_VARARGS | METH_KEYWORDS, "Fork a paused sandbox."},
+    {"patch", (PyCFunction)c_patch, METH_VARARGS, "PATCH a sandbox."},
+    {"get_egress", (PyCFunction)c_get_egress, METH_O, "The egress allowlist."},
+    {"put_egress", (PyCFunction)c_put_egress, METH_VARARGS, "Replace the egress allowlist."},
+    {"upload", (PyCFunction)(void (*)(void))c_upload, METH_VARARGS | METH_KEYWORDS,
+     "Upload bytes, or a file streamed from disk."},
+    {"download", (PyCFunction)(void (*)(void))c_download, METH_VARARGS | METH_KEYWORDS,
+     "Download a file, refusing more than max_bytes."},
+    {"exec", (PyCFunction)(void (*)(void))c_exec, METH_VARARGS | METH_KEYWORDS, "Run a command."},
+    {"run_program", (PyCFunction)(void (*)(void))c_run_program, METH_VARARGS | METH_KEYWORDS,
+     "create -> upload -> exec -> delete, in C."},
+    {"drain_deletes", (PyCFunction)(void (*)(void))c_drain_deletes, METH_VARARGS | METH_KEYWORDS,
+     "Outcomes of background deletes."},
+    {"pending_deletes", (PyCFunction)c_pending_deletes, METH_NOARGS, "Background deletes in flight."},
+    {"stats", (PyCFunction)c_stats, METH_NOARGS, "Counters."},
+    {"close", (PyCFunction)c_close, METH_NOARGS, "Stop the I/O thread (background deletes finish first)."},
+    {"__enter__", (PyCFunction)c_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)c_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef client_members[] = {
+    {"base_url", T_OBJECT, offsetof(ClientObject, base_url), READONLY, "The normalised base URL."},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(ClientObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot client_slots[] = {
+    {Py_tp_new, client_new},
+    {Py_tp_init, client_init},
+    {Py_tp_dealloc, client_dealloc},
+    {Py_tp_traverse, client_traverse},
+    {Py_tp_clear, client_clear},
+    {Py_tp_repr, client_repr},
+    {Py_tp_methods, client_methods},
+    {Py_tp_members, client_members},
+    {Py_tp_doc, "Thread-safe CreateOS control-plane client; share one per process."},
+    {0, NULL},
+};
+
+static PyType_Spec client_spec = {
+    .name = "langflow_sandbox_createos._createos.Client",
+    .basicsize = sizeof(ClientObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = client_slots,
+};
+
+int cos_client_add_types(PyObject *module, cos_state *st)
+{
+    st->ExecResultType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &er_spec, NULL);
+    if (st->ExecResultType == NULL || PyModule_AddObjectRef(module, "ExecResult", (PyObject *)st->ExecResultType) < 0)
+        return -1;
+    st->ClientType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &client_spec, NULL);
+    if (st->ClientType == NULL || PyModule_AddObjectRef(module, "Client", (PyObject *)st->ClientType) < 0)
+        return -1;
+    return 0;
+}

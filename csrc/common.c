@@ -1,0 +1,285 @@
+#include "common.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void cos_err_clear(cos_err *err)
+{
+    memset(err, 0, sizeof *err);
+}
+
+void cos_err_set(cos_err *err, cos_kind kind, const char *fmt, ...)
+{
+    va_list ap;
+    err->kind = kind;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
+
+int cos_kind_is_transient(cos_kind kind)
+{
+    return kind == COS_E_TRANSIENT || kind == COS_E_DEADLINE;
+}
+
+cos_kind cos_kind_for_status(long status)
+{
+    if (status >= 200 && status < 300)
+        return COS_OK;
+    if (status == 404)
+        return COS_E_NOTFOUND;
+    if (status == 409)
+        return COS_E_CONFLICT;
+    if (status == 429 || status == 408 || (status >= 500 && status < 600))
+        return COS_E_TRANSIENT;
+    if (status >= 300 && status < 500)
+        return COS_E_UNAVAILABLE;
+    return COS_E_PROTOCOL;
+}
+
+int cos_buf_append(cos_buf *b, const void *data, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        char *p;
+        while (cap < b->len + n)
+            cap *= 2;
+        p = realloc(b->data, cap);
+        if (p == NULL)
+            return -1;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, n);
+    b->len += n;
+    return 0;
+}
+
+void cos_buf_free(cos_buf *b)
+{
+    free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+size_t cos_utf8_cut(const char *s, size_t n, size_t room)
+{
+    size_t k;
+    if (n <= room)
+        return n;
+    k = room;
+    /* s[k] is the first byte left out: if it continues a sequence, the
+     * sequence started inside the kept part and must go too. */
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80)
+        k--;
+    return k;
+}
+
+int cos_outbuf_append(cos_outbuf *b, const char *s, size_t n)
+{
+    size_t take;
+    if (b->truncated || n == 0)
+        return 0;
+    take = cos_utf8_cut(s, n, b->limit - b->len);
+    if (take < n)
+        b->truncated = 1;
+    if (take == 0)
+        return 0;
+    if (b->len + take > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        char *p;
+        while (cap < b->len + take)
+            cap *= 2;
+        if (cap > b->limit)
+            cap = b->limit;
+        p = realloc(b->data, cap);
+        if (p == NULL)
+            return -1;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, take);
+    b->len += take;
+    return 0;
+}
+
+void cos_outbuf_free(cos_outbuf *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = b->delivered = 0;
+}
+
+int cos_exec_out_init(cos_exec_out *x, size_t max_output)
+{
+    memset(x, 0, sizeof *x);
+    if (pthread_mutex_init(&x->mu, NULL) != 0)
+        return -1;
+    x->out[0].limit = max_output;
+    x->out[1].limit = max_output;
+    x->exit_code = -1;
+    return 0;
+}
+
+void cos_exec_out_free(cos_exec_out *x)
+{
+    cos_outbuf_free(&x->out[0]);
+    cos_outbuf_free(&x->out[1]);
+    free(x->error);
+    x->error = NULL;
+    pthread_mutex_destroy(&x->mu);
+}
+
+int cos_exec_out_add_error(cos_exec_out *x, const char *s, size_t n)
+{
+    size_t sep = x->error_len ? 1 : 0;
+    size_t room, take;
+    char *p;
+    if (x->error_len + sep >= COS_ERROR_TEXT_MAX)
+        return 0;
+    room = COS_ERROR_TEXT_MAX - x->error_len - sep;
+    take = cos_utf8_cut(s, n, room);
+    p = realloc(x->error, x->error_len + sep + take + 1);
+    if (p == NULL)
+        return -1;
+    x->error = p;
+    if (sep)
+        p[x->error_len++] = '\n';
+    memcpy(p + x->error_len, s, take);
+    x->error_len += take;
+    p[x->error_len] = '\0';
+    return 0;
+}
+
+int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len)
+{
+    cos_outbuf *b = &x->out[stream];
+    int rc = 0;
+    *data = NULL;
+    *len = 0;
+    pthread_mutex_lock(&x->mu);
+    if (b->len > b->delivered) {
+        *len = b->len - b->delivered;
+        *data = malloc(*len);
+        if (*data == NULL) {
+            *len = 0;
+            rc = -1;
+        } else {
+            memcpy(*data, b->data + b->delivered, *len);
+            b->delivered = b->len;
+        }
+    }
+    pthread_mutex_unlock(&x->mu);
+    return rc;
+}
+
+/* The secret as it appears inside a JSON string ('/' may be escaped too). */
+static size_t json_escaped(const char *secret, char *out, size_t outcap, int escape_slash)
+{
+    size_t n = 0;
+    for (; *secret; secret++) {
+        int esc = *secret == '"' || *secret == '\\' || (escape_slash && *secret == '/');
+        if (n + 3 > outcap)
+            return 0;
+        if (esc)
+            out[n++] = '\\';
+        out[n++] = *secret;
+    }
+    out[n] = '\0';
+    return n;
+}
+
+void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
+                  size_t maxchars)
+{
+    static const char mark[] = "[redacted]";
+    char variants[3][512];
+    size_t vlen[3] = {0, 0, 0};
+    size_t i = 0, o = 0, chars = 0;
+    int cut = 0;
+
+    if (dstcap < 16) {
+        if (dstcap)
+            dst[0] = '\0';
+        return;
+    }
+    if (secret != NULL && *secret != '\0' && strlen(secret) < 200) {
+        vlen[0] = strlen(secret);
+        memcpy(variants[0], secret, vlen[0] + 1);
+        vlen[1] = json_escaped(secret, variants[1], sizeof variants[1], 0);
+        vlen[2] = json_escaped(secret, variants[2], sizeof variants[2], 1);
+    }
+    while (i < srclen) {
+        size_t v, matched = 0;
+        unsigned char c;
+        for (v = 0; v < 3 && !matched; v++)
+            if (vlen[v] && srclen - i >= vlen[v] && memcmp(src + i, variants[v], vlen[v]) == 0)
+                matched = vlen[v];
+        if (chars >= maxchars) {
+            cut = 1;
+            break;
+        }
+        if (matched) {
+            if (o + sizeof mark > dstcap - 4) {
+                cut = 1;
+                break;
+            }
+            memcpy(dst + o, mark, sizeof mark - 1);
+            o += sizeof mark - 1;
+            i += matched;
+            chars += sizeof mark - 1;
+            continue;
+        }
+        c = (unsigned char)src[i];
+        if (c >= 0x80) {
+            /* copy one whole UTF-8 sequence or nothing */
+            size_t seq = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+            if (seq > srclen - i)
+                seq = srclen - i;
+            if (o + seq > dstcap - 4) {
+                cut = 1;
+                break;
+            }
+            memcpy(dst + o, src + i, seq);
+            o += seq;
+            i += seq;
+            chars++;
+            continue;
+        }
+        if (o + 1 > dstcap - 4) {
+            cut = 1;
+            break;
+        }
+        dst[o++] = (c < 0x20 || c == 0x7F) ? ' ' : (char)c;
+        i++;
+        chars++;
+    }
+    if (cut) {
+        memcpy(dst + o, "...", 3);
+        o += 3;
+    }
+    dst[o] = '\0';
+}
+
+void cos_strlcpy(char *dst, const char *src, size_t dstcap)
+{
+    size_t n;
+    if (dstcap == 0)
+        return;
+    n = strlen(src);
+    if (n >= dstcap)
+        n = dstcap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+double cos_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}

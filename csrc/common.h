@@ -1,0 +1,121 @@
+/* Shared plumbing of the C core: error records, bounded buffers, redaction,
+ * clocks. No Python here: the core is fuzzed and unit-tested alone. */
+#ifndef COS_COMMON_H
+#define COS_COMMON_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    COS_OK = 0,
+    COS_E_CONFIG,      /* refused before any request was sent */
+    COS_E_UNAVAILABLE, /* non-429 4xx, 3xx, TLS verification, unsupported */
+    COS_E_NOTFOUND,    /* 404 */
+    COS_E_CONFLICT,    /* 409 */
+    COS_E_TRANSIENT,   /* 429, 5xx, transport failure */
+    COS_E_DEADLINE,    /* the call's whole deadline passed */
+    COS_E_PROTOCOL,    /* bytes that are not the documented protocol */
+    COS_E_CLOSED,      /* the client was closed during or before the call */
+    COS_E_OS,          /* local I/O failure; os_errno set */
+    COS_E_NOMEM,
+    COS_E_ABORTED,     /* the binding asked to stop; its own error is pending */
+    COS_E_VALUE,       /* bad argument */
+} cos_kind;
+
+#define COS_MSG_MAX 2816
+#define COS_ID_MAX 256
+#define COS_SERVER_TEXT_MAX 500 /* characters of server text in a message */
+/* Largest error body kept (the rest is discarded, not an error). */
+#define COS_ERROR_BODY_MAX ((size_t)64 << 10)
+
+/* What a response said about itself, from its status line and headers. */
+typedef struct cos_meta {
+    long status; /* 0: no response */
+    int has_retry_after;
+    double retry_after;
+    char request_id[COS_ID_MAX];
+} cos_meta;
+
+typedef struct cos_err {
+    cos_kind kind;
+    long status;
+    int has_retry_after;
+    double retry_after;
+    int os_errno;
+    char request_id[COS_ID_MAX];
+    char code[COS_ID_MAX];
+    char sandbox_id[COS_ID_MAX];
+    char msg[COS_MSG_MAX];
+} cos_err;
+
+void cos_err_clear(cos_err *err);
+/* Set kind and a formatted message; leaves status/request_id alone. */
+void cos_err_set(cos_err *err, cos_kind kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int cos_kind_is_transient(cos_kind kind);
+/* The error kind an HTTP status maps to (2xx gives COS_OK). */
+cos_kind cos_kind_for_status(long status);
+
+/* Growable byte buffer; callers enforce their own limits. */
+typedef struct cos_buf {
+    char *data;
+    size_t len, cap;
+} cos_buf;
+
+int cos_buf_append(cos_buf *b, const void *data, size_t n); /* 0, or -1 on ENOMEM */
+void cos_buf_free(cos_buf *b);
+
+/* Output of a guest stream: capped, cut only on UTF-8 boundaries, with a
+ * cursor of what was already handed to the caller. */
+typedef struct cos_outbuf {
+    char *data;
+    size_t len, cap, limit, delivered;
+    int truncated;
+} cos_outbuf;
+
+int cos_outbuf_append(cos_outbuf *b, const char *s, size_t n); /* -1 on ENOMEM */
+void cos_outbuf_free(cos_outbuf *b);
+/* Length of the longest prefix of s[0..n) of at most room bytes that does not
+ * split a UTF-8 sequence. */
+size_t cos_utf8_cut(const char *s, size_t n, size_t room);
+
+/* Everything an exec produced. The mutex guards out[] against the I/O thread
+ * while a stream is live. */
+typedef struct cos_exec_out {
+    pthread_mutex_t mu;
+    cos_outbuf out[2]; /* 0 stdout, 1 stderr */
+    long long exit_code;
+    int has_exit;
+    char *error; /* the service's result.error, NUL-terminated, capped */
+    size_t error_len;
+    double exec_ms;
+    int has_exec_ms;
+    int streamed;
+    int timed_out;
+    size_t frames;
+} cos_exec_out;
+
+#define COS_ERROR_TEXT_MAX (64 * 1024)
+
+int cos_exec_out_init(cos_exec_out *x, size_t max_output);
+void cos_exec_out_free(cos_exec_out *x);
+/* Record an error frame / result.error (appended, capped). */
+int cos_exec_out_add_error(cos_exec_out *x, const char *s, size_t n);
+/* Copy (malloc) the output of one stream (0 stdout, 1 stderr) that was not
+ * taken yet; *data is NULL when there is none. -1 on ENOMEM. */
+int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len);
+
+/* Copy src into dst (NUL-terminated, at most dstcap-1 bytes), replacing every
+ * occurrence of secret (raw or JSON-escaped) by "[redacted]", control
+ * characters by spaces, and keeping at most maxchars characters (UTF-8 aware,
+ * "..." appended when cut). The secret is removed before the cut, so a cut can
+ * never expose a piece of it. */
+void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
+                  size_t maxchars);
+/* Bounded copy, always NUL-terminated. */
+void cos_strlcpy(char *dst, const char *src, size_t dstcap);
+
+double cos_now_ms(void); /* CLOCK_MONOTONIC */
+
+#endif

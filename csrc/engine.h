@@ -1,0 +1,81 @@
+/* The I/O engine: one curl multi handle driven by one I/O thread per client.
+ * Callers hand requests over through a locked queue and wait on the request's
+ * own condition variable; the I/O thread never runs Python. */
+#ifndef COS_ENGINE_H
+#define COS_ENGINE_H
+
+#include <sys/types.h>
+
+#include "http.h"
+
+typedef enum {
+    COS_STAT_REQUESTS,
+    COS_STAT_CONNECTIONS,
+    COS_STAT_BYTES_RECEIVED,
+    COS_STAT_BYTES_SENT,
+    COS_STAT_STREAMS,
+    COS_STAT_FALLBACKS,
+    COS_STAT_HTTP_ERRORS,
+    COS_STAT_TRANSPORT_ERRORS,
+    COS_STAT_TIMEOUTS,
+    COS_STAT_CANCELLED,
+    COS_STAT_DELETES_QUEUED,
+    COS_STAT_DELETES_DONE,
+    COS_STAT_DELETES_FAILED,
+    COS_STAT_OUTCOMES_DROPPED,
+    COS_STAT_COUNT
+} cos_stat;
+
+extern const char *const cos_stat_names[COS_STAT_COUNT];
+
+typedef struct cos_outcome {
+    struct cos_outcome *next;
+    long status; /* 0: no response */
+    char *error; /* NULL on success */
+    char id[COS_ID_MAX];
+} cos_outcome;
+
+#define COS_MAX_OUTCOMES 100000
+
+typedef struct cos_engine cos_engine;
+
+cos_engine *cos_engine_new(cos_err *err);
+pid_t cos_engine_pid(const cos_engine *e);
+CURLSH *cos_engine_share(cos_engine *e);
+/* An easy handle from the pool (or a new one); NULL on ENOMEM. */
+CURL *cos_engine_easy(cos_engine *e);
+/* Free a request and put its easy handle back in the pool. */
+void cos_engine_release(cos_engine *e, cos_req *r);
+/* Queue a request; the I/O thread starts on first use. -1 when closed. */
+int cos_engine_submit(cos_engine *e, cos_req *r, cos_err *err);
+/* Ask the I/O thread to drop the request; the owner still waits for done. */
+void cos_engine_cancel(cos_engine *e, cos_req *r);
+/* Hand a running request to the engine, which finishes it in the
+ * background with r->on_orphan_done and frees it. Returns 1 if the request
+ * had already finished (the caller still owns it), else 0. */
+int cos_engine_detach(cos_engine *e, cos_req *r);
+/* Submit a request that the engine owns from the start (background delete). */
+int cos_engine_submit_orphan(cos_engine *e, cos_req *r, cos_err *err);
+
+void cos_engine_stat_add(cos_engine *e, cos_stat which, uint64_t n);
+void cos_engine_stats(cos_engine *e, uint64_t out[COS_STAT_COUNT]);
+
+/* Background deletes: record an outcome (I/O thread), count, wait, drain. */
+void cos_engine_add_outcome(cos_engine *e, const char *id, long status, const char *error);
+size_t cos_engine_pending_deletes(cos_engine *e);
+/* Wait up to ms for the pending count to reach zero; returns it. */
+size_t cos_engine_wait_deletes(cos_engine *e, double ms);
+cos_outcome *cos_engine_take_outcomes(cos_engine *e);
+void cos_outcomes_free(cos_outcome *o);
+
+/* Stop: refuse new work, cancel foreground requests, let background deletes
+ * finish (each is bounded by its own deadline), join the I/O thread and free
+ * the curl handles. Idempotent. Must not be called in a forked child. */
+void cos_engine_close(cos_engine *e);
+int cos_engine_closed(cos_engine *e);
+/* Free the struct (after close, or abandoning everything in a forked child:
+ * there the inherited handles and sockets belong to the parent and are
+ * neither closed nor written; their memory is leaked on purpose). */
+void cos_engine_free(cos_engine *e);
+
+#endif

@@ -1,0 +1,359 @@
+#include "http.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+char *cos_escape(const char *s)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t n = strlen(s), o = 0, i;
+    char *out = malloc(n * 3 + 1);
+    if (out == NULL)
+        return NULL;
+    for (i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (isalnum(c) || c == '-' || c == '_' || c == '~') {
+            out[o++] = (char)c;
+        } else {
+            /* '.' too: ".." must never become a dot segment */
+            out[o++] = '%';
+            out[o++] = hex[c >> 4];
+            out[o++] = hex[c & 15];
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+static int is_2xx(long status)
+{
+    return status >= 200 && status < 300;
+}
+
+static void set_header_value(char *dst, size_t cap, const char *v, size_t n)
+{
+    while (n > 0 && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' ' || v[n - 1] == '\t'))
+        n--;
+    while (n > 0 && (*v == ' ' || *v == '\t')) {
+        v++;
+        n--;
+    }
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, v, n);
+    dst[n] = '\0';
+}
+
+/* Retry-After: delta-seconds or an HTTP date. */
+static void parse_retry_after(cos_meta *m, const char *v, size_t n)
+{
+    char tmp[128];
+    char *end;
+    double secs;
+    set_header_value(tmp, sizeof tmp, v, n);
+    if (tmp[0] == '\0')
+        return;
+    errno = 0;
+    secs = strtod(tmp, &end);
+    if (end != tmp && *end == '\0' && errno == 0 && secs >= 0 && secs < 1e9) {
+        m->retry_after = secs;
+        m->has_retry_after = 1;
+        return;
+    }
+    {
+        time_t when = curl_getdate(tmp, NULL);
+        if (when != (time_t)-1) {
+            double d = difftime(when, time(NULL));
+            m->retry_after = d > 0 ? d : 0;
+            m->has_retry_after = 1;
+        }
+    }
+}
+
+static int header_is(const char *line, size_t n, const char *name, const char **value, size_t *vlen)
+{
+    size_t k = strlen(name);
+    if (n <= k || line[k] != ':' || strncasecmp(line, name, k) != 0)
+        return 0;
+    *value = line + k + 1;
+    *vlen = n - k - 1;
+    return 1;
+}
+
+static size_t header_cb(char *line, size_t size, size_t nitems, void *ud)
+{
+    cos_req *r = ud;
+    size_t n = size * nitems;
+    const char *v;
+    size_t vn;
+
+    if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
+        /* a new response (after a 100 Continue, say): forget the last one */
+        const char *sp = memchr(line, ' ', n);
+        memset(&r->meta, 0, sizeof r->meta);
+        if (sp != NULL)
+            r->meta.status = strtol(sp + 1, NULL, 10);
+        return n;
+    }
+    if (header_is(line, n, "X-Request-Id", &v, &vn)) {
+        set_header_value(r->meta.request_id, sizeof r->meta.request_id, v, vn);
+    } else if (header_is(line, n, "X-Fc-Request-Id", &v, &vn)) {
+        if (r->meta.request_id[0] == '\0')
+            set_header_value(r->meta.request_id, sizeof r->meta.request_id, v, vn);
+    } else if (header_is(line, n, "Retry-After", &v, &vn)) {
+        parse_retry_after(&r->meta, v, vn);
+    } else if (header_is(line, n, "Content-Length", &v, &vn)) {
+        char tmp[64];
+        char *end;
+        unsigned long long cl;
+        set_header_value(tmp, sizeof tmp, v, vn);
+        errno = 0;
+        cl = strtoull(tmp, &end, 10);
+        if (r->mode == COS_RESP_DOWNLOAD && is_2xx(r->meta.status) && end != tmp && errno == 0 &&
+            cl > (unsigned long long)r->body_cap) {
+            r->declared_over_cap = 1;
+            return 0; /* refuse before a byte of the body */
+        }
+    } else if ((n == 2 && line[0] == '\r') || (n == 1 && line[0] == '\n')) {
+        if (r->mode == COS_RESP_STREAM && is_2xx(r->meta.status))
+            atomic_store(&r->stream_started, 1);
+    }
+    return n;
+}
+
+static size_t write_cb(char *data, size_t size, size_t nmemb, void *ud)
+{
+    cos_req *r = ud;
+    size_t n = size * nmemb;
+
+    r->bytes_in += (curl_off_t)n;
+    if (!is_2xx(r->meta.status)) {
+        /* error bodies are only read for their message: keep the start */
+        size_t room = r->body.len < COS_ERROR_BODY_MAX ? COS_ERROR_BODY_MAX - r->body.len : 0;
+        if (room > 0 && cos_buf_append(&r->body, data, n < room ? n : room) < 0) {
+            r->write_failed = 1;
+            return 0;
+        }
+        return n;
+    }
+    if (r->mode == COS_RESP_STREAM) {
+        int rc;
+        pthread_mutex_lock(&r->xo->mu);
+        rc = cos_ndjson_feed(&r->nd, data, n);
+        pthread_mutex_unlock(&r->xo->mu);
+        pthread_mutex_lock(&r->mu);
+        r->progress = 1;
+        pthread_cond_signal(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        if (rc != COS_ND_OK) {
+            r->nd_rc = rc;
+            return 0;
+        }
+        return n;
+    }
+    if (n > r->body_cap - r->body.len) {
+        r->over_cap = 1;
+        return 0; /* abort as soon as the cap is passed */
+    }
+    if (cos_buf_append(&r->body, data, n) < 0) {
+        r->write_failed = 1;
+        return 0;
+    }
+    return n;
+}
+
+static size_t read_cb(char *buf, size_t size, size_t nitems, void *ud)
+{
+    cos_req *r = ud;
+    size_t got = fread(buf, 1, size * nitems, r->upload);
+    if (got == 0 && ferror(r->upload))
+        return CURL_READFUNC_ABORT;
+    return got;
+}
+
+static int xferinfo_cb(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
+{
+    cos_req *r = ud;
+    (void)dt;
+    (void)dn;
+    (void)ut;
+    (void)un;
+    return atomic_load(&r->cancel) ? 1 : 0;
+}
+
+/* Stream frames land in the exec output; called with xo->mu held. */
+static int frame_cb(void *ud, cos_frame_kind kind, const char *data, size_t len, long long code)
+{
+    cos_exec_out *xo = ud;
+    xo->frames++;
+    switch (kind) {
+    case COS_FRAME_STDOUT:
+        return cos_outbuf_append(&xo->out[0], data, len);
+    case COS_FRAME_STDERR:
+        return cos_outbuf_append(&xo->out[1], data, len);
+    case COS_FRAME_ERROR:
+        return cos_exec_out_add_error(xo, data, len);
+    case COS_FRAME_EXIT:
+        xo->exit_code = code;
+        xo->has_exit = 1;
+        return 0;
+    }
+    return 0;
+}
+
+static int add_header(struct curl_slist **list, const char *name, const char *value)
+{
+    char line[1024];
+    struct curl_slist *n;
+    if ((size_t)snprintf(line, sizeof line, "%s: %s", name, value) >= sizeof line)
+        return -1;
+    n = curl_slist_append(*list, line);
+    if (n == NULL)
+        return -1;
+    *list = n;
+    return 0;
+}
+
+cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_req_spec *spec,
+                     cos_err *err)
+{
+    cos_req *r = calloc(1, sizeof *r);
+    pthread_condattr_t ca;
+    CURLcode c = CURLE_OK;
+    int ok = 0;
+
+    if (r == NULL)
+        goto nomem;
+    r->easy = easy;
+    r->mode = spec->mode;
+    r->body_cap = spec->body_cap;
+    r->timeout_ms = spec->timeout_ms;
+    r->upload = spec->upload;
+    r->xo = spec->xo;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (r->mode == COS_RESP_STREAM)
+        cos_ndjson_init(&r->nd, COS_NDJSON_MAX_LINE, frame_cb, r->xo);
+    if ((r->url = strdup(spec->url)) == NULL)
+        goto nomem;
+
+    /* "Content-Type:" without a value stops libcurl adding a form type */
+    if (add_header(&r->headers, "X-Api-Key", cfg->key) < 0 ||
+        add_header(&r->headers, "Accept", spec->accept ? spec->accept : "application/json") < 0 ||
+        (spec->content_type ? add_header(&r->headers, "Content-Type", spec->content_type)
+                            : (r->headers = curl_slist_append(r->headers, "Content-Type:")) == NULL) ||
+        (r->headers = curl_slist_append(r->headers, "Expect:")) == NULL)
+        goto nomem;
+
+    c |= curl_easy_setopt(easy, CURLOPT_URL, r->url);
+    c |= curl_easy_setopt(easy, CURLOPT_PRIVATE, r);
+    c |= curl_easy_setopt(easy, CURLOPT_HTTPHEADER, r->headers);
+    c |= curl_easy_setopt(easy, CURLOPT_USERAGENT, cfg->user_agent);
+    c |= curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+#if LIBCURL_VERSION_NUM >= 0x075500
+    c |= curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+    c |= curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+    c |= curl_easy_setopt(easy, CURLOPT_PATH_AS_IS, 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, spec->timeout_ms > 0 ? spec->timeout_ms : 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, cfg->connect_ms);
+    c |= curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
+    c |= curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+    if (cfg->ca_file != NULL)
+        c |= curl_easy_setopt(easy, CURLOPT_CAINFO, cfg->ca_file);
+    if (share != NULL)
+        c |= curl_easy_setopt(easy, CURLOPT_SHARE, share);
+    c |= curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, r->errbuf);
+    c |= curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, header_cb);
+    c |= curl_easy_setopt(easy, CURLOPT_HEADERDATA, r);
+    c |= curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, write_cb);
+    c |= curl_easy_setopt(easy, CURLOPT_WRITEDATA, r);
+    c |= curl_easy_setopt(easy, CURLOPT_NOPROGRESS, 0L);
+    c |= curl_easy_setopt(easy, CURLOPT_XFERINFOFUNCTION, xferinfo_cb);
+    c |= curl_easy_setopt(easy, CURLOPT_XFERINFODATA, r);
+
+    if (spec->upload != NULL) {
+        c |= curl_easy_setopt(easy, CURLOPT_UPLOAD, 1L);
+        c |= curl_easy_setopt(easy, CURLOPT_READFUNCTION, read_cb);
+        c |= curl_easy_setopt(easy, CURLOPT_READDATA, r);
+        c |= curl_easy_setopt(easy, CURLOPT_INFILESIZE_LARGE, spec->upload_size);
+        c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
+    } else if (strcmp(spec->method, "GET") == 0) {
+        c |= curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+    } else if (strcmp(spec->method, "DELETE") == 0 && spec->body == NULL) {
+        c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "DELETE");
+    } else {
+        c |= curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
+        c |= curl_easy_setopt(easy, CURLOPT_POSTFIELDS, spec->body ? spec->body : "");
+        c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
+    }
+    if (c != CURLE_OK) {
+        cos_err_set(err, COS_E_CONFIG, "could not configure the request (libcurl option refused)");
+        goto error;
+    }
+    ok = 1;
+    goto error;
+nomem:
+    cos_err_set(err, COS_E_NOMEM, "out of memory");
+error:
+    if (!ok && r != NULL) {
+        cos_req_free(r);
+        r = NULL;
+    }
+    return r;
+}
+
+CURL *cos_req_free(cos_req *r)
+{
+    CURL *easy;
+    if (r == NULL)
+        return NULL;
+    easy = r->easy;
+    curl_slist_free_all(r->headers);
+    free(r->url);
+    cos_buf_free(&r->body);
+    if (r->mode == COS_RESP_STREAM)
+        cos_ndjson_free(&r->nd);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    return easy;
+}
+
+int cos_req_wait(cos_req *r, double ms)
+{
+    struct timespec ts;
+    double end_ms;
+    int done;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    end_ms = (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6 + ms;
+    ts.tv_sec = (time_t)(end_ms / 1000.0);
+    ts.tv_nsec = (long)((end_ms - (double)ts.tv_sec * 1000.0) * 1e6);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    if (ts.tv_nsec < 0)
+        ts.tv_nsec = 0;
+    pthread_mutex_lock(&r->mu);
+    while (!r->done && !r->progress)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0)
+            break;
+    r->progress = 0;
+    done = r->done;
+    pthread_mutex_unlock(&r->mu);
+    return done;
+}

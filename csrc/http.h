@@ -1,0 +1,98 @@
+/* One HTTP request: its easy handle, headers, body, bounded capture of the
+ * response and what the response said about itself. Performed by the engine's
+ * I/O thread; owned by the calling thread (or, once orphaned, by the engine). */
+#ifndef COS_HTTP_H
+#define COS_HTTP_H
+
+#include <curl/curl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "common.h"
+#include "ndjson.h"
+
+typedef struct cos_cfg {
+    char *base; /* scheme://host[:port][/prefix], without a trailing slash */
+    char *key;
+    char *user_agent;
+    char *ca_file; /* SSL_CERT_FILE / CURL_CA_BUNDLE when set, else NULL */
+    long connect_ms;
+    long control_ms;
+} cos_cfg;
+
+typedef enum {
+    COS_RESP_JSON,     /* capture up to body_cap; more is a protocol error */
+    COS_RESP_STREAM,   /* a 2xx body goes through the NDJSON parser into xo */
+    COS_RESP_DOWNLOAD, /* capture up to body_cap; more (declared or received) aborts */
+} cos_resp_mode;
+
+typedef struct cos_req cos_req;
+typedef void (*cos_req_done_fn)(cos_req *r);
+
+typedef struct cos_req_spec {
+    const char *method;
+    const char *url;
+    const char *body; /* borrowed: must outlive the request */
+    size_t body_len;
+    const char *content_type;
+    FILE *upload; /* streamed PUT body instead of `body` */
+    curl_off_t upload_size;
+    const char *accept;
+    cos_resp_mode mode;
+    size_t body_cap;
+    long timeout_ms; /* the whole deadline of this request */
+    cos_exec_out *xo; /* COS_RESP_STREAM only */
+} cos_req_spec;
+
+struct cos_req {
+    CURL *easy;
+    struct curl_slist *headers;
+    char *url;
+    cos_resp_mode mode;
+    size_t body_cap;
+    long timeout_ms;
+    FILE *upload;
+    cos_exec_out *xo;
+    cos_ndjson nd;
+    int nd_rc;
+
+    /* results, written by the I/O thread, read by the owner once done */
+    CURLcode rc;
+    cos_meta meta;
+    cos_buf body;
+    int over_cap;          /* the body passed body_cap */
+    int declared_over_cap; /* a 2xx Content-Length above body_cap, refused before the body */
+    int write_failed;      /* out of memory while capturing */
+    curl_off_t bytes_in;
+    long connects;
+    char errbuf[CURL_ERROR_SIZE];
+
+    /* handshake with the owner */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, progress, orphaned, cancelled;
+    atomic_int cancel;
+    atomic_int stream_started; /* a 2xx status line arrived on a stream */
+
+    /* background completion (orphaned requests): runs on the I/O thread */
+    cos_req_done_fn on_orphan_done;
+    void *orphan_engine;
+    const cos_cfg *orphan_cfg;
+    int attempt;
+    char orphan_id[COS_ID_MAX];
+
+    cos_req *next;
+};
+
+/* Build a request on `easy` (taken from the engine's pool). */
+cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_req_spec *spec,
+                     cos_err *err);
+/* Frees everything but the easy handle, which is returned. */
+CURL *cos_req_free(cos_req *r);
+/* Wait up to ms for the request to finish or make progress; 1 when done. */
+int cos_req_wait(cos_req *r, double ms);
+
+/* Percent-encode s as one path segment or query value (unreserved kept). */
+char *cos_escape(const char *s);
+
+#endif

@@ -1,0 +1,1048 @@
+#include "ops.h"
+
+#include <arpa/inet.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define PAGE_LIMIT 500
+#define MAX_PAGES 10000
+#define RUN_FALLBACK 1
+
+/* ---------------------------------------------------------------- config */
+
+static int is_loopback(const char *host)
+{
+    char buf[128];
+    size_t n = strlen(host);
+    struct in_addr a4;
+    struct in6_addr a6;
+
+    if (strcasecmp(host, "localhost") == 0 || strcasecmp(host, "localhost.") == 0)
+        return 1;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (n >= 2 && n < sizeof buf && host[0] == '[' && host[n - 1] == ']') {
+        memcpy(buf, host + 1, n - 2);
+        buf[n - 2] = '\0';
+        if (inet_pton(AF_INET6, buf, &a6) == 1)
+            return memcmp(&a6, &in6addr_loopback, sizeof a6) == 0;
+    }
+    return 0;
+}
+
+int cos_check_base_url(const char *url, char **normalized, cos_err *err)
+{
+    CURLU *u = curl_url();
+    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL, *part = NULL;
+    const char *p;
+    size_t plen, need;
+    int rc = -1;
+
+    *normalized = NULL;
+    if (u == NULL) {
+        cos_err_set(err, COS_E_NOMEM, "out of memory");
+        goto done;
+    }
+    for (p = url; *p; p++) {
+        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7F) {
+            cos_err_set(err, COS_E_CONFIG,
+                        "CREATEOS_SANDBOX_BASE_URL contains whitespace, control or non-ASCII characters");
+            goto done;
+        }
+    }
+    if (url[0] == '\0' || curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+        curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK) {
+        cos_err_set(err, COS_E_CONFIG,
+                    "CREATEOS_SANDBOX_BASE_URL is not a valid absolute URL (expected https://host[:port][/prefix])");
+        goto done;
+    }
+    if (strcmp(scheme, "https") != 0 && strcmp(scheme, "http") != 0) {
+        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must use https:// (got %.16s://)", scheme);
+        goto done;
+    }
+    if (curl_url_get(u, CURLUPART_USER, &part, 0) == CURLUE_OK ||
+        curl_url_get(u, CURLUPART_PASSWORD, &part, 0) == CURLUE_OK ||
+        curl_url_get(u, CURLUPART_OPTIONS, &part, 0) == CURLUE_OK) {
+        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must not contain user info (user:password@)");
+        goto done;
+    }
+    if (curl_url_get(u, CURLUPART_QUERY, &part, 0) == CURLUE_OK ||
+        curl_url_get(u, CURLUPART_FRAGMENT, &part, 0) == CURLUE_OK || strchr(url, '?') ||
+        strchr(url, '#')) {
+        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must not have a query or a fragment");
+        goto done;
+    }
+    if (strcmp(scheme, "http") == 0 && !is_loopback(host)) {
+        cos_err_set(err, COS_E_CONFIG,
+                    "CREATEOS_SANDBOX_BASE_URL uses plain http:// to a non-loopback host: the API key "
+                    "would travel unencrypted; use https:// (plain http is allowed only for "
+                    "127.0.0.0/8, ::1 and localhost)");
+        goto done;
+    }
+    if (curl_url_get(u, CURLUPART_PORT, &port, 0) != CURLUE_OK)
+        port = NULL;
+    if (curl_url_get(u, CURLUPART_PATH, &path, 0) != CURLUE_OK)
+        path = NULL;
+    plen = path ? strlen(path) : 0;
+    while (plen > 0 && path[plen - 1] == '/')
+        plen--;
+    need = strlen(scheme) + strlen(host) + (port ? strlen(port) : 0) + plen + 8;
+    *normalized = malloc(need);
+    if (*normalized == NULL) {
+        cos_err_set(err, COS_E_NOMEM, "out of memory");
+        goto done;
+    }
+    snprintf(*normalized, need, "%s://%s%s%s%.*s", scheme, host, port ? ":" : "", port ? port : "",
+             (int)plen, path ? path : "");
+    rc = 0;
+done:
+    curl_free(part);
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(port);
+    curl_free(path);
+    if (u)
+        curl_url_cleanup(u);
+    return rc;
+}
+
+int cos_check_key(const char *key, cos_err *err)
+{
+    const unsigned char *p;
+    if (key == NULL || key[0] == '\0') {
+        cos_err_set(err, COS_E_CONFIG, "the API key is empty (set CREATEOS_SANDBOX_API_KEY)");
+        return -1;
+    }
+    if (strlen(key) > 512) {
+        cos_err_set(err, COS_E_CONFIG, "the API key is longer than 512 characters");
+        return -1;
+    }
+    for (p = (const unsigned char *)key; *p; p++) {
+        if (*p <= 0x20 || *p >= 0x7F) {
+            cos_err_set(err, COS_E_CONFIG,
+                        "the API key contains whitespace, control or non-ASCII characters");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- plumbing */
+
+static char *make_url(const cos_cfg *cfg, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static char *make_url(const cos_cfg *cfg, const char *fmt, ...)
+{
+    va_list ap;
+    size_t blen = strlen(cfg->base);
+    int n;
+    char *out;
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (out = malloc(blen + (size_t)n + 1)) == NULL)
+        return NULL;
+    memcpy(out, cfg->base, blen);
+    va_start(ap, fmt);
+    vsnprintf(out + blen, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return out;
+}
+
+static int nomem(cos_ctx *c, const char *op)
+{
+    cos_err_set(c->err, COS_E_NOMEM, "%s failed: out of memory", op);
+    return -1;
+}
+
+static double seconds(long ms)
+{
+    return (double)ms / 1000.0;
+}
+
+/* Give the binding a turn; once it asked to stop, never again. */
+static int slice(cos_ctx *c, cos_exec_out *xo)
+{
+    if (c->aborted || c->slice == NULL)
+        return c->aborted;
+    if (c->slice(c->ud, xo)) {
+        c->aborted = 1;
+        cos_err_set(c->err, COS_E_ABORTED, "interrupted");
+    }
+    return c->aborted;
+}
+
+/* Wait for the request to finish, in slices. The I/O thread enforces the
+ * deadline through CURLOPT_TIMEOUT_MS; the extra second here only guards
+ * against a transfer that libcurl fails to stop. */
+static int perform(cos_ctx *c, cos_req *r, const char *op, cos_exec_out *xo)
+{
+    double hard_end = cos_now_ms() + (double)r->timeout_ms + 1000.0;
+    if (cos_engine_submit(c->eng, r, c->err) < 0)
+        return -1;
+    for (;;) {
+        if (cos_req_wait(r, COS_SLICE_MS))
+            break;
+        if (slice(c, xo) || cos_now_ms() > hard_end) {
+            int stopped_by_caller = c->aborted;
+            cos_engine_cancel(c->eng, r);
+            while (!cos_req_wait(r, COS_SLICE_MS))
+                ;
+            if (!stopped_by_caller)
+                cos_err_set(c->err, COS_E_DEADLINE, "%s failed: deadline of %.1f s passed", op,
+                            seconds(r->timeout_ms));
+            return -1;
+        }
+    }
+    if (xo != NULL)
+        slice(c, xo);
+    if (r->cancelled) {
+        cos_err_set(c->err, COS_E_CLOSED, "%s failed: the client was closed", op);
+        return -1;
+    }
+    return 0;
+}
+
+/* The transfer did not complete: say why, in the error classes. */
+static void transport_error(cos_ctx *c, cos_req *r, const char *op)
+{
+    cos_err *err = c->err;
+    cos_kind kind = COS_E_TRANSIENT;
+    char detail[CURL_ERROR_SIZE + 8];
+
+    cos_sanitize(detail, sizeof detail, r->errbuf, strlen(r->errbuf), c->cfg->key, 200);
+    err->status = r->meta.status;
+    cos_sanitize(err->request_id, sizeof err->request_id, r->meta.request_id,
+                 strlen(r->meta.request_id), c->cfg->key, 120);
+    if (r->write_failed) {
+        cos_err_set(err, COS_E_NOMEM, "%s failed: out of memory while receiving", op);
+        return;
+    }
+    if (r->over_cap) {
+        cos_err_set(err, COS_E_PROTOCOL, "%s failed: response body larger than %zu bytes", op,
+                    r->body_cap);
+        return;
+    }
+    if (r->meta.status >= 300 &&
+        (r->rc == CURLE_PARTIAL_FILE || r->rc == CURLE_RECV_ERROR || r->rc == CURLE_GOT_NOTHING)) {
+        /* the status line arrived: it classifies better than the cut body */
+        cos_error_from_response(op, &r->meta, r->body.data, r->body.len, c->cfg->key, err);
+        return;
+    }
+    switch (r->rc) {
+    case CURLE_OPERATION_TIMEDOUT:
+        cos_err_set(err, COS_E_DEADLINE, "%s failed: deadline of %.1f s passed (%s)", op,
+                    seconds(r->timeout_ms), detail);
+        return;
+    case CURLE_PARTIAL_FILE:
+        cos_err_set(err, COS_E_PROTOCOL, "%s failed: truncated response (%s)", op, detail);
+        return;
+    case CURLE_WEIRD_SERVER_REPLY:
+    case CURLE_BAD_CONTENT_ENCODING:
+    case CURLE_RANGE_ERROR:
+        kind = COS_E_PROTOCOL;
+        break;
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_UNSUPPORTED_PROTOCOL:
+    case CURLE_URL_MALFORMAT:
+    case CURLE_TOO_MANY_REDIRECTS:
+        kind = COS_E_UNAVAILABLE;
+        break;
+    default:
+        break;
+    }
+    cos_err_set(err, kind, "%s failed: %s (%s)", op, curl_easy_strerror(r->rc),
+                detail[0] ? detail : "no detail");
+}
+
+static cos_req *new_req(cos_ctx *c, const char *op, cos_req_spec *spec)
+{
+    CURL *easy = cos_engine_easy(c->eng);
+    cos_req *r;
+    if (easy == NULL) {
+        nomem(c, op);
+        return NULL;
+    }
+    r = cos_req_new(c->cfg, easy, cos_engine_share(c->eng), spec, c->err);
+    if (r == NULL)
+        curl_easy_cleanup(easy);
+    return r;
+}
+
+/* One JSON request: body (may be NULL) -> data of the success envelope. */
+static int json_call(cos_ctx *c, const char *op, const char *method, char *url, json_t *body,
+                     long timeout_ms, json_t **data)
+{
+    cos_req_spec spec = {0};
+    cos_req *r = NULL;
+    char *text = NULL;
+    int rc = -1;
+
+    *data = NULL;
+    if (url == NULL)
+        return nomem(c, op);
+    if (body != NULL && (text = json_dumps(body, JSON_COMPACT | JSON_ENCODE_ANY)) == NULL) {
+        nomem(c, op);
+        goto done;
+    }
+    spec.method = method;
+    spec.url = url;
+    spec.body = text;
+    spec.body_len = text ? strlen(text) : 0;
+    spec.content_type = text ? "application/json" : NULL;
+    spec.mode = COS_RESP_JSON;
+    spec.body_cap = COS_JSON_BODY_MAX;
+    spec.timeout_ms = timeout_ms;
+    if ((r = new_req(c, op, &spec)) == NULL || perform(c, r, op, NULL) < 0)
+        goto done;
+    if (r->rc != CURLE_OK) {
+        transport_error(c, r, op);
+        goto done;
+    }
+    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err, data);
+done:
+    if (r)
+        cos_engine_release(c->eng, r);
+    free(text);
+    free(url);
+    return rc;
+}
+
+static char *sandbox_url(cos_ctx *c, const char *id, const char *suffix)
+{
+    char *esc = cos_escape(id), *url;
+    if (esc == NULL)
+        return NULL;
+    url = make_url(c->cfg, "/v1/sandboxes/%s%s", esc, suffix);
+    free(esc);
+    return url;
+}
+
+static int require_object(cos_ctx *c, const char *op, json_t **data)
+{
+    if (json_is_object(*data))
+        return 0;
+    cos_err_set(c->err, COS_E_PROTOCOL, "%s failed: response data is not an object", op);
+    json_decref(*data);
+    *data = NULL;
+    return -1;
+}
+
+static int object_call(cos_ctx *c, const char *op, const char *method, char *url, json_t *body,
+                       long timeout_ms, json_t **out)
+{
+    if (json_call(c, op, method, url, body, timeout_ms, out) < 0)
+        return -1;
+    return require_object(c, op, out);
+}
+
+/* ----------------------------------------------------------- operations */
+
+int cos_op_whoami(cos_ctx *c, json_t **out)
+{
+    return object_call(c, "whoami", "GET", make_url(c->cfg, "/v1/whoami"), NULL, c->cfg->control_ms,
+                       out);
+}
+
+int cos_op_rootfs(cos_ctx *c, json_t **out)
+{
+    return object_call(c, "rootfs", "GET", make_url(c->cfg, "/v1/rootfs"), NULL, c->cfg->control_ms,
+                       out);
+}
+
+/* Every page of a list, under one deadline. */
+static int all_pages(cos_ctx *c, const char *op, const char *path, const char *extra_query,
+                     const char *legacy_key, json_t **out)
+{
+    json_t *all = json_array();
+    double end = cos_now_ms() + (double)c->cfg->control_ms;
+    long long offset = 0;
+    int page, rc = -1;
+
+    if (all == NULL)
+        return nomem(c, op);
+    for (page = 0; page < MAX_PAGES; page++) {
+        json_t *data = NULL, *items = NULL;
+        long long total = -1;
+        int paginated;
+        long left = (long)(end - cos_now_ms());
+        if (left <= 0) {
+            cos_err_set(c->err, COS_E_DEADLINE, "%s failed: deadline of %.1f s passed", op,
+                        seconds(c->cfg->control_ms));
+            goto done;
+        }
+        if (json_call(c, op, "GET",
+                      make_url(c->cfg, "%s?limit=%d&offset=%lld%s", path, PAGE_LIMIT, offset,
+                               extra_query ? extra_query : ""),
+                      NULL, left, &data) < 0)
+            goto done;
+        paginated = json_is_object(data) && json_is_array(json_object_get(data, "data"));
+        if (cos_page_items(op, data, legacy_key, &items, &total, c->err) < 0) {
+            json_decref(data);
+            goto done;
+        }
+        json_decref(data);
+        if (json_array_extend(all, items) < 0) {
+            json_decref(items);
+            nomem(c, op);
+            goto done;
+        }
+        offset += (long long)json_array_size(items);
+        if (!paginated || json_array_size(items) == 0 || (total >= 0 && offset >= total) ||
+            (total < 0 && json_array_size(items) < PAGE_LIMIT)) {
+            json_decref(items);
+            rc = 0;
+            goto done;
+        }
+        json_decref(items);
+    }
+    cos_err_set(c->err, COS_E_PROTOCOL, "%s failed: more than %d pages", op, MAX_PAGES);
+done:
+    if (rc == 0)
+        *out = all;
+    else
+        json_decref(all);
+    return rc;
+}
+
+int cos_op_shapes(cos_ctx *c, json_t **out)
+{
+    return all_pages(c, "shapes", "/v1/shapes", NULL, "shapes", out);
+}
+
+int cos_op_list(cos_ctx *c, const char *prefix, const char *status, json_t **out)
+{
+    /* the server filters only these states; every filter is also applied here */
+    static const char *const server_side[] = {"running", "creating", "destroyed", "failed"};
+    char query[96] = "";
+    json_t *all = NULL, *kept = NULL, *item;
+    size_t i;
+    int rc = -1;
+
+    for (i = 0; status && i < sizeof server_side / sizeof server_side[0]; i++)
+        if (strcmp(status, server_side[i]) == 0)
+            snprintf(query, sizeof query, "&status=%s", status);
+    if (all_pages(c, "list", "/v1/sandboxes", query, "sandboxes", &all) < 0)
+        return -1;
+    if ((kept = json_array()) == NULL) {
+        nomem(c, "list");
+        goto done;
+    }
+    json_array_foreach(all, i, item) {
+        json_t *name = json_object_get(item, "name");
+        json_t *st = json_object_get(item, "status");
+        if (prefix && !(json_is_string(name) &&
+                        strncmp(json_string_value(name), prefix, strlen(prefix)) == 0))
+            continue;
+        if (status && !(json_is_string(st) && strcmp(json_string_value(st), status) == 0))
+            continue;
+        json_array_append(kept, item);
+    }
+    *out = kept;
+    kept = NULL;
+    rc = 0;
+done:
+    json_decref(all);
+    json_decref(kept);
+    return rc;
+}
+
+int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
+{
+    json_t *id;
+    if (object_call(c, "create", "POST", make_url(c->cfg, "/v1/sandboxes"), spec,
+                    timeout_ms > 0 ? timeout_ms : c->cfg->control_ms, out) < 0)
+        return -1;
+    id = json_object_get(*out, "id");
+    if (!json_is_string(id) || json_string_length(id) == 0 ||
+        json_string_length(id) >= COS_ID_MAX) {
+        cos_err_set(c->err, COS_E_PROTOCOL, "create failed: response has no sandbox id");
+        json_decref(*out);
+        *out = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int cos_op_get(cos_ctx *c, const char *id, json_t **out)
+{
+    return object_call(c, "get", "GET", sandbox_url(c, id, ""), NULL, c->cfg->control_ms, out);
+}
+
+int cos_op_delete(cos_ctx *c, const char *id, json_t **out)
+{
+    return object_call(c, "delete", "DELETE", sandbox_url(c, id, ""), NULL, c->cfg->control_ms,
+                       out);
+}
+
+int cos_op_pause(cos_ctx *c, const char *id, json_t **out)
+{
+    return object_call(c, "pause", "POST", sandbox_url(c, id, "/pause"), NULL, c->cfg->control_ms,
+                       out);
+}
+
+static int sleep_slices(cos_ctx *c, double ms)
+{
+    double end = cos_now_ms() + ms;
+    for (;;) {
+        double left = end - cos_now_ms();
+        struct timespec ts;
+        if (left <= 0)
+            return 0;
+        if (left > COS_SLICE_MS)
+            left = COS_SLICE_MS;
+        ts.tv_sec = (time_t)(left / 1000.0);
+        ts.tv_nsec = (long)((left - (double)ts.tv_sec * 1000.0) * 1e6);
+        nanosleep(&ts, NULL);
+        if (slice(c, NULL))
+            return -1;
+    }
+}
+
+int cos_op_resume(cos_ctx *c, const char *id, long wait_ms, json_t **out)
+{
+    static const char *const fatal[] = {"error", "failed", "destroying", "destroyed"};
+    double end = cos_now_ms() + (double)(wait_ms > 0 ? wait_ms : 0), started = cos_now_ms();
+    double delay = 250.0;
+    size_t i;
+
+    if (object_call(c, "resume", "POST", sandbox_url(c, id, "/resume"), NULL, c->cfg->control_ms,
+                    out) < 0)
+        return -1;
+    if (wait_ms < 0)
+        return 0;
+    for (;;) {
+        json_t *st = json_object_get(*out, "status");
+        const char *s = json_is_string(st) ? json_string_value(st) : "";
+        long left;
+        if (strcmp(s, "running") == 0)
+            return 0;
+        for (i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
+            if (strcmp(s, fatal[i]) == 0) {
+                cos_err_set(c->err, COS_E_UNAVAILABLE,
+                            "resume failed: sandbox entered state \"%s\" while resuming", s);
+                cos_strlcpy(c->err->sandbox_id, id, sizeof c->err->sandbox_id);
+                goto fail;
+            }
+        }
+        if (cos_now_ms() + delay > end) {
+            cos_err_set(c->err, COS_E_DEADLINE,
+                        "resume failed: sandbox not running after %.1f s (state \"%.40s\")",
+                        seconds(wait_ms), s);
+            cos_strlcpy(c->err->sandbox_id, id, sizeof c->err->sandbox_id);
+            goto fail;
+        }
+        if (sleep_slices(c, delay) < 0)
+            goto fail;
+        if (cos_now_ms() - started > 5000.0 && delay < 2000.0)
+            delay = delay * 1.25 > 2000.0 ? 2000.0 : delay * 1.25;
+        json_decref(*out);
+        *out = NULL;
+        left = (long)(end - cos_now_ms());
+        if (object_call(c, "resume", "GET", sandbox_url(c, id, ""), NULL,
+                        left < c->cfg->control_ms ? (left > 1 ? left : 1) : c->cfg->control_ms,
+                        out) < 0)
+            return -1;
+    }
+fail:
+    json_decref(*out);
+    *out = NULL;
+    return -1;
+}
+
+int cos_op_fork(cos_ctx *c, const char *id, json_t *spec, json_t **out)
+{
+    json_t *empty = spec ? NULL : json_object();
+    int rc = object_call(c, "fork", "POST", sandbox_url(c, id, "/fork"), spec ? spec : empty,
+                         c->cfg->control_ms, out);
+    json_decref(empty);
+    return rc;
+}
+
+int cos_op_patch(cos_ctx *c, const char *id, json_t *fields, json_t **out)
+{
+    return object_call(c, "patch", "PATCH", sandbox_url(c, id, ""), fields, c->cfg->control_ms,
+                       out);
+}
+
+static int egress_list(cos_ctx *c, const char *op, json_t **out)
+{
+    json_t *view = *out, *rules = json_object_get(view, "egress"), *v;
+    size_t i;
+    if (rules == NULL || json_is_null(rules)) {
+        *out = json_array();
+    } else if (json_is_array(rules)) {
+        json_array_foreach(rules, i, v) {
+            if (!json_is_string(v)) {
+                cos_err_set(c->err, COS_E_PROTOCOL, "%s failed: egress rule %zu is not a string", op, i);
+                *out = NULL;
+                json_decref(view);
+                return -1;
+            }
+        }
+        *out = json_incref(rules);
+    } else {
+        cos_err_set(c->err, COS_E_PROTOCOL, "%s failed: egress is not a list", op);
+        *out = NULL;
+        json_decref(view);
+        return -1;
+    }
+    json_decref(view);
+    return *out ? 0 : nomem(c, op);
+}
+
+int cos_op_get_egress(cos_ctx *c, const char *id, json_t **out)
+{
+    if (object_call(c, "get_egress", "GET", sandbox_url(c, id, "/egress"), NULL,
+                    c->cfg->control_ms, out) < 0)
+        return -1;
+    return egress_list(c, "get_egress", out);
+}
+
+int cos_op_put_egress(cos_ctx *c, const char *id, json_t *rules, json_t **out)
+{
+    json_t *body = json_pack("{s:O}", "egress", rules ? rules : json_null());
+    int rc;
+    if (body == NULL)
+        return nomem(c, "put_egress");
+    rc = object_call(c, "put_egress", "PUT", sandbox_url(c, id, "/egress"), body,
+                     c->cfg->control_ms, out);
+    json_decref(body);
+    if (rc < 0)
+        return -1;
+    return egress_list(c, "put_egress", out);
+}
+
+static char *files_url(cos_ctx *c, const char *id, const char *path)
+{
+    char *ep = cos_escape(path), *suffix, *url = NULL;
+    size_t n;
+    if (ep == NULL)
+        return NULL;
+    n = strlen(ep) + 16;
+    if ((suffix = malloc(n)) != NULL) {
+        snprintf(suffix, n, "/files?path=%s", ep);
+        url = sandbox_url(c, id, suffix);
+        free(suffix);
+    }
+    free(ep);
+    return url;
+}
+
+int cos_op_upload(cos_ctx *c, const char *id, const char *path, const char *data, size_t len,
+                  FILE *file, long long size)
+{
+    const char *op = "upload";
+    cos_req_spec spec = {0};
+    cos_req *r = NULL;
+    json_t *out = NULL;
+    char *url = files_url(c, id, path);
+    int rc = -1;
+
+    if (url == NULL)
+        return nomem(c, op);
+    spec.method = "PUT";
+    spec.url = url;
+    spec.body = data ? data : "";
+    spec.body_len = len;
+    spec.upload = file;
+    spec.upload_size = (curl_off_t)size;
+    spec.content_type = "application/octet-stream";
+    spec.mode = COS_RESP_JSON;
+    spec.body_cap = COS_JSON_BODY_MAX;
+    spec.timeout_ms = c->cfg->control_ms;
+    if ((r = new_req(c, op, &spec)) == NULL || perform(c, r, op, NULL) < 0)
+        goto done;
+    if (r->rc != CURLE_OK) {
+        transport_error(c, r, op);
+        goto done;
+    }
+    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err, &out);
+done:
+    json_decref(out);
+    if (r)
+        cos_engine_release(c->eng, r);
+    free(url);
+    return rc;
+}
+
+int cos_op_download(cos_ctx *c, const char *id, const char *path, size_t max_bytes, cos_buf *out)
+{
+    const char *op = "download";
+    cos_req_spec spec = {0};
+    cos_req *r = NULL;
+    char *url = files_url(c, id, path);
+    int rc = -1;
+
+    if (url == NULL)
+        return nomem(c, op);
+    spec.method = "GET";
+    spec.url = url;
+    spec.accept = "application/octet-stream, application/json";
+    spec.mode = COS_RESP_DOWNLOAD;
+    spec.body_cap = max_bytes;
+    spec.timeout_ms = c->cfg->control_ms;
+    if ((r = new_req(c, op, &spec)) == NULL || perform(c, r, op, NULL) < 0)
+        goto done;
+    if (r->declared_over_cap || r->over_cap) {
+        cos_err_set(c->err, COS_E_UNAVAILABLE,
+                    r->declared_over_cap
+                        ? "download failed: the file is larger than max_bytes=%zu (declared Content-Length); nothing was read"
+                        : "download failed: more than max_bytes=%zu bytes received; transfer aborted",
+                    max_bytes);
+        cos_strlcpy(c->err->code, "too_large", sizeof c->err->code);
+        c->err->status = r->meta.status;
+        goto done;
+    }
+    if (r->rc != CURLE_OK) {
+        transport_error(c, r, op);
+        goto done;
+    }
+    if (r->meta.status < 200 || r->meta.status >= 300) {
+        cos_error_from_response(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err);
+        goto done;
+    }
+    *out = r->body;
+    memset(&r->body, 0, sizeof r->body);
+    rc = 0;
+done:
+    if (r)
+        cos_engine_release(c->eng, r);
+    free(url);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ exec */
+
+static json_t *exec_body(const cos_exec_args *a, int stream)
+{
+    json_t *b = json_object();
+    if (b == NULL)
+        return NULL;
+    if (json_object_set_new(b, "cmd", json_string(a->cmd)) < 0 ||
+        json_object_set_new(b, "args", a->args ? json_incref(a->args) : json_array()) < 0 ||
+        (a->stdin_data && json_object_set_new(b, "stdin", json_string(a->stdin_data)) < 0) ||
+        (a->env && json_object_set_new(b, "env", json_incref(a->env)) < 0) ||
+        (stream && json_object_set_new(b, "stream", json_true()) < 0)) {
+        json_decref(b);
+        return NULL;
+    }
+    return b;
+}
+
+/* 0 done, RUN_FALLBACK when the server has no streaming exec, -1 error. */
+static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long timeout_ms,
+                       cos_exec_out *xo)
+{
+    const char *op = "exec";
+    cos_req_spec spec = {0};
+    cos_req *r = NULL;
+    json_t *body = exec_body(a, 1);
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    char *url = sandbox_url(c, id, "/exec?stream=true");
+    int rc = -1, nd;
+
+    if (text == NULL || url == NULL) {
+        nomem(c, op);
+        goto done;
+    }
+    spec.method = "POST";
+    spec.url = url;
+    spec.body = text;
+    spec.body_len = strlen(text);
+    spec.content_type = "application/json";
+    spec.accept = "application/x-ndjson, application/json";
+    spec.mode = COS_RESP_STREAM;
+    spec.body_cap = COS_ERROR_BODY_MAX;
+    spec.timeout_ms = timeout_ms;
+    spec.xo = xo;
+    if ((r = new_req(c, op, &spec)) == NULL)
+        goto done;
+    cos_engine_stat_add(c->eng, COS_STAT_STREAMS, 1);
+    if (perform(c, r, op, xo) < 0) {
+        if (c->err->kind == COS_E_DEADLINE && atomic_load(&r->stream_started)) {
+            xo->timed_out = !xo->has_exit;
+            xo->streamed = 1;
+            rc = 0;
+        }
+        goto done;
+    }
+    if (r->meta.status == 404 && !atomic_load(&r->stream_started)) {
+        rc = RUN_FALLBACK;
+        goto done;
+    }
+    if (r->nd_rc != COS_ND_OK || (r->rc == CURLE_OK && r->meta.status >= 200 && r->meta.status < 300)) {
+        pthread_mutex_lock(&xo->mu);
+        nd = r->nd_rc != COS_ND_OK ? r->nd_rc : cos_ndjson_finish(&r->nd);
+        pthread_mutex_unlock(&xo->mu);
+        if (nd == COS_ND_NOMEM || nd == -1000) {
+            nomem(c, op);
+        } else if (nd == COS_ND_STOPPED) {
+            nomem(c, op); /* the only reason a frame is refused */
+        } else if (nd != COS_ND_OK) {
+            cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: HTTP %ld: %s", r->meta.status,
+                        r->nd.errmsg);
+            c->err->status = r->meta.status;
+        } else {
+            xo->streamed = 1;
+            rc = 0;
+        }
+        goto done;
+    }
+    if (r->rc == CURLE_OPERATION_TIMEDOUT && atomic_load(&r->stream_started)) {
+        xo->timed_out = !xo->has_exit;
+        xo->streamed = 1;
+        rc = 0;
+        goto done;
+    }
+    if (r->rc != CURLE_OK) {
+        transport_error(c, r, op);
+        goto done;
+    }
+    cos_error_from_response(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err);
+done:
+    if (r)
+        cos_engine_release(c->eng, r);
+    json_decref(body);
+    free(text);
+    free(url);
+    return rc;
+}
+
+static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, long timeout_ms,
+                         cos_exec_out *xo)
+{
+    const char *op = "exec";
+    cos_req_spec spec = {0};
+    cos_req *r = NULL;
+    json_t *body = exec_body(a, 0), *data = NULL;
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    char *url = sandbox_url(c, id, "/exec");
+    size_t limit = xo->out[0].limit;
+    int rc = -1;
+
+    if (text == NULL || url == NULL) {
+        nomem(c, op);
+        goto done;
+    }
+    spec.method = "POST";
+    spec.url = url;
+    spec.body = text;
+    spec.body_len = strlen(text);
+    spec.content_type = "application/json";
+    spec.mode = COS_RESP_JSON;
+    /* both streams at the cap, JSON-escaped, fit; more cannot be parsed */
+    spec.body_cap = limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
+    spec.timeout_ms = timeout_ms;
+    if ((r = new_req(c, op, &spec)) == NULL || perform(c, r, op, NULL) < 0)
+        goto done;
+    if (r->rc != CURLE_OK) {
+        transport_error(c, r, op);
+        goto done;
+    }
+    if (cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err, &data) < 0)
+        goto done;
+    if (!json_is_object(data)) {
+        cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: response data is not an object");
+        goto done;
+    }
+    pthread_mutex_lock(&xo->mu);
+    rc = cos_exec_result_parse(op, data, xo, c->err);
+    pthread_mutex_unlock(&xo->mu);
+done:
+    json_decref(data);
+    json_decref(body);
+    if (r)
+        cos_engine_release(c->eng, r);
+    free(text);
+    free(url);
+    return rc;
+}
+
+int cos_op_exec(cos_ctx *c, const char *id, const cos_exec_args *a, cos_exec_out *xo)
+{
+    double end = cos_now_ms() + (double)a->timeout_ms;
+    long left;
+    int rc;
+
+    if (a->stream) {
+        rc = exec_stream(c, id, a, a->timeout_ms, xo);
+        if (rc != RUN_FALLBACK)
+            return rc;
+        cos_engine_stat_add(c->eng, COS_STAT_FALLBACKS, 1);
+    }
+    left = (long)(end - cos_now_ms());
+    if (left <= 0) {
+        cos_err_set(c->err, COS_E_DEADLINE, "exec failed: deadline of %.1f s passed",
+                    seconds(a->timeout_ms));
+        return -1;
+    }
+    return exec_buffered(c, id, a, left, xo);
+}
+
+/* ------------------------------------------------------ deletes, run_program */
+
+static void bg_delete_done(cos_req *r);
+
+static cos_req *delete_req(cos_engine *eng, const cos_cfg *cfg, const char *id, int attempt,
+                           cos_err *err)
+{
+    cos_ctx c = {eng, cfg, NULL, NULL, err, 0};
+    cos_req_spec spec = {0};
+    cos_req *r;
+    char *url = sandbox_url(&c, id, "");
+    if (url == NULL) {
+        nomem(&c, "delete");
+        return NULL;
+    }
+    spec.method = "DELETE";
+    spec.url = url;
+    spec.mode = COS_RESP_JSON;
+    spec.body_cap = COS_ERROR_BODY_MAX;
+    spec.timeout_ms = cfg->control_ms;
+    r = new_req(&c, "delete", &spec);
+    free(url);
+    if (r == NULL)
+        return NULL;
+    r->on_orphan_done = bg_delete_done;
+    r->orphan_engine = eng;
+    r->orphan_cfg = cfg;
+    r->attempt = attempt;
+    cos_strlcpy(r->orphan_id, id, sizeof r->orphan_id);
+    return r;
+}
+
+/* The result of a delete as (status, error text or NULL): 404 counts as done. */
+static const char *delete_verdict(cos_req *r, const cos_cfg *cfg, cos_err *err)
+{
+    cos_ctx c = {NULL, cfg, NULL, NULL, err, 0};
+    json_t *data = NULL;
+    if (r->cancelled) {
+        cos_err_set(err, COS_E_CLOSED, "delete failed: the client was closed");
+        return err->msg;
+    }
+    if (r->rc != CURLE_OK) {
+        transport_error(&c, r, "delete");
+        return err->msg;
+    }
+    if (r->meta.status == 404)
+        return NULL;
+    if (cos_envelope_parse("delete", &r->meta, r->body.data, r->body.len, cfg->key, err, &data) < 0)
+        return err->msg;
+    json_decref(data);
+    return NULL;
+}
+
+/* I/O thread: a background delete finished. One retry when it may help. */
+static void bg_delete_done(cos_req *r)
+{
+    cos_engine *eng = r->orphan_engine;
+    cos_err err;
+    const char *verdict;
+
+    cos_err_clear(&err);
+    verdict = delete_verdict(r, r->orphan_cfg, &err);
+    if (verdict != NULL && r->attempt == 0 && cos_kind_is_transient(err.kind)) {
+        cos_err retry_err;
+        cos_req *again;
+        cos_err_clear(&retry_err);
+        again = delete_req(eng, r->orphan_cfg, r->orphan_id, 1, &retry_err);
+        if (again != NULL && cos_engine_submit_orphan(eng, again, &retry_err) == 0)
+            return;
+        if (again != NULL)
+            cos_engine_release(eng, again);
+    }
+    cos_engine_add_outcome(eng, r->orphan_id, r->meta.status, verdict);
+}
+
+int cos_op_delete_background(cos_ctx *c, const char *id)
+{
+    cos_req *r = delete_req(c->eng, c->cfg, id, 0, c->err);
+    if (r == NULL)
+        return -1;
+    if (cos_engine_submit_orphan(c->eng, r, c->err) < 0) {
+        cos_engine_release(c->eng, r);
+        return -1;
+    }
+    cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
+    return 0;
+}
+
+/* Delete the guest of a run: synchronously unless asked otherwise or the
+ * caller is being interrupted (then at once in the background). A failed
+ * synchronous delete is handed to the background for one more try. */
+static void run_cleanup(cos_ctx *c, const char *id, int background)
+{
+    cos_err derr;
+    cos_ctx dc = *c;
+    cos_req *r;
+
+    cos_err_clear(&derr);
+    dc.err = &derr;
+    if (background || c->aborted) {
+        dc.aborted = 0;
+        cos_op_delete_background(&dc, id);
+        return;
+    }
+    r = delete_req(c->eng, c->cfg, id, 0, &derr);
+    if (r == NULL)
+        return;
+    if (cos_engine_submit(c->eng, r, &derr) < 0) {
+        cos_engine_release(c->eng, r);
+        return;
+    }
+    for (;;) {
+        if (cos_req_wait(r, COS_SLICE_MS))
+            break;
+        if (slice(&dc, NULL)) {
+            /* interrupted while deleting: the engine finishes the delete */
+            c->aborted = 1;
+            cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
+            if (cos_engine_detach(c->eng, r) == 0)
+                return;
+            break;
+        }
+    }
+    if (delete_verdict(r, c->cfg, &derr) != NULL && !r->cancelled)
+        cos_op_delete_background(&dc, id);
+    cos_engine_release(c->eng, r);
+}
+
+int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id,
+                       const cos_file *files, size_t nfiles, const cos_exec_args *a,
+                       int delete_background, cos_exec_out *xo, char sandbox_id_out[COS_ID_MAX])
+{
+    json_t *view = NULL;
+    size_t i;
+    int rc = -1, have_guest = 0;
+
+    sandbox_id_out[0] = '\0';
+    if (adopt_id != NULL) {
+        cos_strlcpy(sandbox_id_out, adopt_id, COS_ID_MAX);
+    } else {
+        if (cos_op_create(c, create_spec, c->cfg->control_ms, &view) < 0)
+            goto done;
+        cos_strlcpy(sandbox_id_out, json_string_value(json_object_get(view, "id")), COS_ID_MAX);
+    }
+    have_guest = 1;
+    for (i = 0; i < nfiles; i++)
+        if (cos_op_upload(c, sandbox_id_out, files[i].path, files[i].data, files[i].len, NULL, 0) < 0)
+            goto done;
+    rc = cos_op_exec(c, sandbox_id_out, a, xo);
+done:
+    if (have_guest) {
+        run_cleanup(c, sandbox_id_out, delete_background);
+        if (rc < 0)
+            cos_strlcpy(c->err->sandbox_id, sandbox_id_out, sizeof c->err->sandbox_id);
+    }
+    json_decref(view);
+    return rc;
+}
