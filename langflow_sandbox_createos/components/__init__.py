@@ -1,0 +1,1 @@
+"""The CreateOS Sandbox component package."""

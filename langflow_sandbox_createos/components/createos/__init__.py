@@ -1,0 +1,1 @@
+"""The `createos` bundle: lfx loads every module here except this one, file by file."""

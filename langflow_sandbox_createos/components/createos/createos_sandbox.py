@@ -1,0 +1,192 @@
+"""The CreateOS Sandbox canvas component: Python or a shell command on a CreateOS microVM,
+with optional guest reuse and the files the program wrote returned as a table.
+
+lfx loads this file by itself (spec_from_file_location), so every import is absolute and
+the work lives in `langflow_sandbox_createos.components.sandbox_run`.
+"""
+
+import contextlib
+import threading
+import time
+from typing import Any, Literal
+
+from lfx.custom.custom_component.component import Component
+from lfx.io import BoolInput, DropdownInput, IntInput, MultilineInput, Output, StrInput
+from lfx.schema.data import Data
+from lfx.schema.dataframe import DataFrame
+
+from langflow_sandbox_createos import artifacts
+from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, MAX_TIMEOUT_SECONDS
+
+PROGRESS_LOG_INTERVAL = 2.0  # seconds between progress log entries while output streams
+PROGRESS_LOG_MAX = 30
+STATUS_TAIL_CHARS = 2000
+
+
+class CreateOSSandboxComponent(Component):
+    display_name = "CreateOS Sandbox"
+    description = (
+        "Run code or a shell command in an isolated CreateOS microVM, and collect the files it writes."
+    )
+    documentation = "https://github.com/NodeOps-app/createos-plugin"
+    icon = "square-terminal"
+    name = "CreateOSSandbox"
+
+    inputs = [
+        MultilineInput(
+            name="python_code",
+            display_name="Python Code",
+            info="Python to run in the guest with python3. Ignored when Command is set.",
+            value="print('hello from a microVM')",
+            input_types=["Message"],
+        ),
+        StrInput(
+            name="command",
+            display_name="Command",
+            info="A shell command to run with /bin/sh -c instead of the Python code.",
+            value="",
+        ),
+        DropdownInput(
+            name="session_mode",
+            display_name="Guest Reuse",
+            info=(
+                "off: a fresh guest per run, deleted afterwards. flow: one guest per flow, component and "
+                "network setting, kept (paused when idle) so packages and files carry over. Reused guests "
+                "are never deleted by the component: reap lf-c-* sandboxes yourself."
+            ),
+            options=["off", "flow"],
+            value="off",
+        ),
+        BoolInput(
+            name="collect_artifacts",
+            display_name="Return Files",
+            info=(
+                "Return what the program wrote under /workspace/artifacts (emptied before the run) in the "
+                "Files output: at most 256 files and 5 MiB."
+            ),
+            value=False,
+        ),
+        BoolInput(
+            name="allow_network",
+            display_name="Allow Network",
+            info="Off blocks egress (deny-all rule). On is completely unrestricted.",
+            value=False,
+        ),
+        IntInput(
+            name="timeout_seconds",
+            display_name="Timeout (seconds)",
+            info=f"Wall clock for the program, enforced inside the VM. 1 to {MAX_TIMEOUT_SECONDS}.",
+            value=60,
+            advanced=True,
+        ),
+        StrInput(
+            name="shape",
+            display_name="Shape",
+            info=(
+                f"VM size from the CreateOS shape catalog. Empty: CREATEOS_SANDBOX_SHAPE, else "
+                f"{DEFAULT_COMPONENT_SHAPE}."
+            ),
+            value="",
+            placeholder=DEFAULT_COMPONENT_SHAPE,
+            advanced=True,
+        ),
+    ]
+
+    outputs = [
+        Output(display_name="Results", name="results", method="run_sandbox"),
+        Output(display_name="Files", name="files", method="collected_files"),
+    ]
+
+    # --- one run per build, shared by both outputs -------------------------------------------
+
+    def _pre_run_setup(self) -> None:
+        super()._pre_run_setup()
+        self._createos_lock = threading.Lock()
+        self._createos_result: sandbox_run.RunOutcome | BaseException | None = None
+
+    def _outcome(self) -> sandbox_run.RunOutcome:
+        """The run of this build, executed at most once whichever output asks first; a failure
+        is remembered too, so resolving the other output never starts a second guest."""
+        if not hasattr(self, "_createos_lock"):
+            self._pre_run_setup()
+        with self._createos_lock:
+            if self._createos_result is None:
+                try:
+                    self._createos_result = self._execute()
+                except BaseException as exc:
+                    self._createos_result = exc
+            result = self._createos_result
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _request(self) -> sandbox_run.RunRequest:
+        timeout = sandbox_run.check_timeout(self.timeout_seconds)
+        command = (self.command or "").strip()
+        code = self.python_code
+        code = getattr(code, "text", code) or ""
+        mode: Literal["python", "command"] = "command" if command else "python"
+        session = (self.session_mode or "off").strip().lower()
+        if session not in ("off", "flow"):
+            raise ValueError(f"Guest Reuse must be 'off' or 'flow', not {self.session_mode!r}.")
+        flow_id = None
+        if getattr(self, "_vertex", None) is not None:
+            flow_id = self.graph.flow_id
+        return sandbox_run.RunRequest(
+            program=command if command else str(code),
+            mode=mode,
+            reuse=session == "flow",
+            collect=bool(self.collect_artifacts),
+            allow_network=bool(self.allow_network),
+            timeout=timeout,
+            shape=sandbox_run.resolve_shape(self.shape),
+            flow_id=str(flow_id or "noflow"),
+            component_id=str(self._id),
+        )
+
+    def _execute(self) -> sandbox_run.RunOutcome:
+        request = self._request()
+        progress = _Progress(self)
+        outcome = sandbox_run.run(request, on_output=progress.on_output, note=progress.note)
+        self.status = Data(data=outcome.results(), text_key="result")
+        return outcome
+
+    # --- outputs ------------------------------------------------------------------------------
+
+    def run_sandbox(self) -> Data:
+        return Data(data=self._outcome().results(), text_key="result")
+
+    def collected_files(self) -> DataFrame:
+        rows = self._outcome().rows()
+        if not rows:
+            return DataFrame(columns=list(artifacts.ROW_COLUMNS))
+        return DataFrame(rows)
+
+
+class _Progress:
+    """Shows the run while it streams: the status holds the latest output, and a log entry is
+    added every few seconds (lfx forwards logs to the canvas as they happen)."""
+
+    def __init__(self, component: Component) -> None:
+        self._component = component
+        self._tail = ""
+        self._last_log = 0.0
+        self._logs = 0
+
+    def note(self, text: str) -> None:
+        self._component.status = text
+
+    def on_output(self, stream: Literal["stdout", "stderr"], chunk: str) -> None:
+        self._tail = (self._tail + chunk)[-STATUS_TAIL_CHARS:]
+        self._component.status = self._tail
+        now = time.monotonic()
+        if self._logs < PROGRESS_LOG_MAX and now - self._last_log >= PROGRESS_LOG_INTERVAL:
+            self._last_log = now
+            self._logs += 1
+            lines = [line for line in self._tail.splitlines() if line.strip()]
+            self._log(f"[{stream}] {lines[-1] if lines else ''}"[:500])
+
+    def _log(self, message: Any) -> None:
+        with contextlib.suppress(Exception):  # progress is best effort; it must never fail the run
+            self._component.log(message, name="progress")

@@ -1,0 +1,620 @@
+"""One run of the CreateOS Sandbox component, without lfx: find or create the guest, run the
+program under the guest's own timeout, bring the files back.
+
+The canvas component (`components/createos/createos_sandbox.py`) only validates its inputs,
+reports progress and turns a `RunOutcome` into its two outputs. Everything that talks to
+the control plane is here, so it is importable once per process (the bundle file itself
+is loaded by lfx under a private module name) and its per-process guest cache is shared.
+
+How one run goes in the guest (`GUEST_WRAPPER`): a `/bin/sh` wrapper takes the guest's
+artifacts lock (reused guests only), empties `/workspace/artifacts` when files are to be
+returned, runs the program under `timeout --signal=KILL N` from `/workspace`, then, outside
+that timeout and under a budget of its own, archives `/workspace/artifacts` into a per-run
+path. The archive is downloaded with a byte cap and removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+
+from langflow_sandbox_createos import artifacts, runtime, settings
+from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, SettingsError
+
+logger = logging.getLogger("langflow_sandbox_createos.component")
+
+NAME_PREFIX = "lf-c-"
+MAX_TIMEOUT_SECONDS = settings.MAX_TIMEOUT_SECONDS
+ARCHIVE_BUDGET_SECONDS = 30  # the archive step's own budget, outside the program's timeout
+EXEC_GRACE_SECONDS = 20  # network and process start on top of the guest-side budgets
+GUEST_READY_SECONDS = 120.0  # waiting for a reused guest to finish a transition or resume
+INLINE_COMMAND_MAX = 64 * 1024  # longer commands go up as a file (one argv string is capped)
+RUN_DIR_PREFIX = "/tmp/createos-run-"
+ARTIFACTS_DIR = "/workspace/artifacts"
+LOCK_PATH = "/tmp/.createos-sandbox.lock"
+
+LIVE_TRANSITIONS = frozenset({"creating", "pausing", "resuming", "forking"})
+TERMINAL = frozenset({"destroyed", "failed"})
+
+# $1 run dir, $2 program timeout, $3 collect (1/0), $4 archive budget, $5 archive byte cap,
+# $6 lock wait (0 = no lock); then the program's argv.
+GUEST_WRAPPER = r"""
+run=$1 limit=$2 collect=$3 budget=$4 cap=$5 lockwait=$6
+shift 6
+art=/workspace/artifacts
+mkdir -p /workspace "$run" 2>/dev/null
+cd /workspace 2>/dev/null || cd /
+if [ "$lockwait" -gt 0 ] && command -v flock >/dev/null 2>&1; then
+  exec 9>>/tmp/.createos-sandbox.lock
+  if ! flock -w "$lockwait" 9; then
+    echo "CreateOS Sandbox: another run kept this reused guest busy for more than ${lockwait}s" >&2
+    exit 125
+  fi
+fi
+if [ "$collect" = 1 ]; then rm -rf -- "$art"; fi
+mkdir -p -- "$art" 2>/dev/null
+start=$(date +%s)
+# timeout's own stderr is discarded (it can print "Killed"); the program gets the real one
+( timeout --signal=KILL "$limit" /bin/sh -c 'exec "$@" 2>&3 3>&-' program "$@" </dev/null 9>&-
+  exit $? ) 3>&2 2>/dev/null
+rc=$?
+if [ "$rc" -eq 137 ] && [ $(( $(date +%s) - start )) -ge "$limit" ]; then rc=124; fi
+if [ "$collect" = 1 ]; then
+  timeout --signal=KILL "$budget" /bin/sh -c \
+    'tar -czf - -C "$1" . 2>/dev/null | head -c "$2" > "$3"' archive "$art" "$cap" "$run/files.tar.gz" \
+    </dev/null 9>&-
+  rm -rf -- "$art"
+  mkdir -p -- "$art" 2>/dev/null
+else
+  rm -rf -- "$run"
+fi
+exit "$rc"
+"""
+
+Mode = Literal["python", "command"]
+OutputCallback = Callable[[Literal["stdout", "stderr"], str], None]
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    program: str
+    mode: Mode
+    reuse: bool
+    collect: bool
+    allow_network: bool
+    timeout: int
+    shape: str
+    flow_id: str
+    component_id: str
+
+
+@dataclass
+class RunOutcome:
+    stdout: str
+    stderr: str
+    exit_code: int
+    sandbox_id: str | None
+    reused_guest: bool
+    timeout: int
+    timed_out: bool = False
+    start_error: str | None = None
+    output_truncated: bool = False
+    exec_ms: float | None = None
+    files: list[artifacts.ArtifactFile] = field(default_factory=list)
+    artifacts_truncated: bool = False
+    artifacts_message: str = ""
+
+    @property
+    def error(self) -> str | None:
+        if self.timed_out:
+            return f"Timed out after {self.timeout} s"
+        if self.start_error:
+            return f"The command could not start: {self.start_error}"
+        if self.exit_code != 0:
+            last = next((line for line in reversed(self.stderr.strip().splitlines()) if line.strip()), "")
+            return f"Exited with code {self.exit_code}" + (f": {last[:500]}" if last else "")
+        return None
+
+    def results(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "result": self.stdout.strip(),
+            "stderr": self.stderr.strip(),
+            "exit_code": self.exit_code,
+            "sandbox_id": self.sandbox_id,
+            "reused_guest": self.reused_guest,
+            "artifact_count": len(self.files),
+            "artifacts_truncated": self.artifacts_truncated,
+            "timed_out": self.timed_out,
+            "output_truncated": self.output_truncated,
+            "exec_ms": self.exec_ms,
+        }
+        if self.artifacts_message:
+            payload["artifacts_message"] = self.artifacts_message
+        error = self.error
+        if error is not None:
+            payload["error"] = error
+        return payload
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [f.row() for f in self.files]
+
+
+# --- inputs ------------------------------------------------------------------------------
+
+
+def check_timeout(value: object) -> int:
+    """The timeout in whole seconds, or a ValueError that says what is allowed."""
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value.strip())
+    if number is None:
+        raise ValueError(f"Timeout (seconds) must be a whole number of seconds, not {value!r}.")
+    if number < 1 or number > MAX_TIMEOUT_SECONDS:
+        raise ValueError(
+            f"Timeout (seconds) must be between 1 and {MAX_TIMEOUT_SECONDS}; got {number}. "
+            "(0 would mean no limit at all inside the guest, so it is refused.)"
+        )
+    return number
+
+
+def resolve_shape(value: str | None) -> str:
+    """The Shape input, else CREATEOS_SANDBOX_SHAPE, else the component default."""
+    return (value or "").strip() or settings.pinned_shape() or DEFAULT_COMPONENT_SHAPE
+
+
+def reuse_name(flow_id: str, component_id: str, egress: tuple[str, ...]) -> str:
+    """The guest's name for (flow, component, network policy): 22 characters, `lf-c-` prefix."""
+    return runtime.stable_name(NAME_PREFIX, flow_id, component_id, ",".join(egress))
+
+
+# --- the per-process guest cache ---------------------------------------------------------
+
+
+class _GuestIds:
+    """name -> sandbox id of reused guests seen by this process. Only a hint: every use is
+    verified with a GET, and a restarted worker finds its guest again by name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[str, str] = {}
+
+    def get(self, name: str) -> str | None:
+        with self._lock:
+            return self._ids.get(name)
+
+    def remember(self, name: str, sandbox_id: str) -> None:
+        with self._lock:
+            self._ids[name] = sandbox_id
+
+    def forget(self, name: str, sandbox_id: str | None = None) -> None:
+        with self._lock:
+            if sandbox_id is None or self._ids.get(name) == sandbox_id:
+                self._ids.pop(name, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._ids.clear()
+
+
+guest_ids = _GuestIds()
+
+
+def _after_acquire(client: Any, sandbox_id: str) -> None:
+    """Test seam: runs between finding the guest and using it."""
+
+
+# --- guest lookup --------------------------------------------------------------------------
+
+
+class _GuestGone(Exception):
+    """The guest vanished or is being destroyed: look it up again."""
+
+
+def _sleep_step(attempt: int) -> float:
+    return min(2.0, 0.25 * (1.25 ** max(0, attempt - 4)))
+
+
+def _pick(rows: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """The guest holding `name`: running first, then the oldest (so racing lookups agree)."""
+    alive = [r for r in rows if r.get("name") == name and r.get("status") not in TERMINAL]
+    if not alive:
+        return None
+    alive.sort(key=lambda r: (r.get("status") != "running", str(r.get("created_at") or ""), str(r.get("id"))))
+    return alive[0]
+
+
+def _wait_running(client: Any, native: Any, sandbox_id: str, deadline: float) -> dict[str, Any]:
+    """Bring a guest to `running`: resume it when paused, wait out transitions."""
+    attempt = 0
+    while True:
+        try:
+            record = client.get(sandbox_id)
+        except native.NotFoundError:
+            raise _GuestGone from None
+        status = record.get("status")
+        if status == "running":
+            return record
+        if status == "paused":
+            remaining = max(1.0, deadline - time.monotonic())
+            try:
+                record = client.resume(sandbox_id, wait=remaining)
+            except native.ConflictError:
+                pass  # another worker resumed it first: poll
+            except native.NotFoundError:
+                raise _GuestGone from None
+            else:
+                if record.get("status") == "running":
+                    return record
+        elif status in ("destroying", *TERMINAL):
+            raise _GuestGone
+        elif status not in LIVE_TRANSITIONS:
+            raise SandboxUnavailableError(
+                f"CreateOS: the reused guest {sandbox_id} is in state {status!r} and cannot run code. "
+                f"Delete it (DELETE /v1/sandboxes/{sandbox_id}); the next run creates a fresh one."
+            )
+        if time.monotonic() >= deadline:
+            raise SandboxExecutionError(
+                f"CreateOS: the reused guest {sandbox_id} did not become running within "
+                f"{GUEST_READY_SECONDS:g} s (last state {status!r}); retry later."
+            )
+        attempt += 1
+        time.sleep(_sleep_step(attempt))
+
+
+def _check_drift(record: dict[str, Any], wanted: tuple[str, ...], allow_network: bool) -> None:
+    live = record.get("egress")
+    if not runtime.egress_matches(live, wanted):
+        raise SandboxUnavailableError(
+            f"Refusing to reuse guest {record.get('id')} ({record.get('name')}): its egress rules are "
+            f"{list(live or ['*'])}, but Allow Network {'on' if allow_network else 'off'} needs "
+            f"{list(wanted)}. The rules were changed after the guest was created, so the network policy "
+            f"this component shows would not be the one applied. Delete the guest "
+            f"(DELETE /v1/sandboxes/{record.get('id')}) and the next run creates a fresh one."
+        )
+
+
+def acquire_reused_guest(
+    client: Any, native: Any, name: str, spec: dict[str, Any], wanted: tuple[str, ...], allow_network: bool
+) -> tuple[dict[str, Any], bool]:
+    """The running guest named `name`, and whether it already existed (False: created now).
+
+    Tries the id this process remembers (one GET), then a full, paginated lookup by name,
+    then a create; a duplicate-name conflict means another worker won the race, so the
+    lookup runs again and adopts its guest."""
+    deadline = time.monotonic() + GUEST_READY_SECONDS
+    attempt = 0
+    while True:
+        record: dict[str, Any] | None = None
+        cached = guest_ids.get(name)
+        if cached is not None:
+            try:
+                record = client.get(cached)
+            except native.NotFoundError:
+                record = None
+            if record is not None and (record.get("name") != name or record.get("status") in TERMINAL):
+                record = None
+            if record is None:
+                guest_ids.forget(name, cached)
+        if record is None:
+            record = _pick(client.list(prefix=name), name)
+        if record is None:
+            try:
+                created = client.create(spec)
+            except native.ConflictError:
+                logger.debug("guest name %s was taken concurrently; adopting the winner", name)
+            else:
+                guest_ids.remember(name, created["id"])
+                return created, False
+        elif record.get("status") != "destroying":
+            sandbox_id = str(record["id"])
+            try:
+                # a list row may be abridged: decide on drift from a fresh GET
+                current = record if cached == sandbox_id else client.get(sandbox_id)
+                _check_drift(current, wanted, allow_network)
+                running = _wait_running(client, native, sandbox_id, deadline)
+            except (_GuestGone, native.NotFoundError):
+                guest_ids.forget(name, sandbox_id)
+            else:
+                guest_ids.remember(name, sandbox_id)
+                return running, True
+        if time.monotonic() >= deadline:
+            raise SandboxExecutionError(
+                f"CreateOS: could not find or create the reused guest {name} within "
+                f"{GUEST_READY_SECONDS:g} s (it may still be being destroyed); retry later."
+            )
+        attempt += 1
+        time.sleep(_sleep_step(attempt))
+
+
+# --- one run -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Phase:
+    action: str = "reach the CreateOS control plane"
+
+
+def _max_output_bytes() -> int:
+    try:
+        return settings.parse_int(
+            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", settings.DEFAULT_MAX_OUTPUT_BYTES, minimum=1024
+        )
+    except SettingsError as exc:
+        raise SandboxUnavailableError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class _GuestProgram:
+    run_dir: str
+    argv: list[str]
+    files: list[tuple[str, bytes]]
+    exec_timeout: float
+
+    @property
+    def archive_path(self) -> str:
+        return f"{self.run_dir}/files.tar.gz"
+
+
+def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
+    """The exec argv (`/bin/sh -c GUEST_WRAPPER ...`) and the files to upload first."""
+    run_dir = RUN_DIR_PREFIX + secrets.token_hex(8)
+    files: list[tuple[str, bytes]] = []
+    if req.mode == "python":
+        files.append((f"{run_dir}/main.py", req.program.encode()))
+        program = ["python3", "-u", f"{run_dir}/main.py"]
+    elif len(req.program.encode()) > INLINE_COMMAND_MAX:
+        files.append((f"{run_dir}/main.sh", req.program.encode()))
+        program = ["/bin/sh", f"{run_dir}/main.sh"]
+    else:
+        program = ["/bin/sh", "-c", req.program]
+    archive_budget = ARCHIVE_BUDGET_SECONDS if req.collect else 0
+    lock_wait = req.timeout + archive_budget + 15 if lock else 0
+    argv = [
+        "-c",
+        GUEST_WRAPPER,
+        "createos-sandbox",
+        run_dir,
+        str(req.timeout),
+        "1" if req.collect else "0",
+        str(ARCHIVE_BUDGET_SECONDS),
+        str(artifacts.MAX_ARCHIVE_BYTES),
+        str(lock_wait),
+        *program,
+    ]
+    exec_timeout = float(lock_wait + req.timeout + archive_budget + EXEC_GRACE_SECONDS)
+    return _GuestProgram(run_dir, argv, files, exec_timeout)
+
+
+def _outcome(result: Any, req: RunRequest, sandbox_id: str | None, reused: bool) -> RunOutcome:
+    exit_code = int(result.exit_code)
+    timed_out = bool(result.timed_out) or exit_code == 124
+    start_error = result.error or None
+    if start_error and exit_code == 0:
+        exit_code = -1  # a command that never started must not read as a success
+    if result.timed_out:
+        exit_code = -1
+    return RunOutcome(
+        stdout=result.stdout,
+        stderr=result.stderr,
+        exit_code=exit_code,
+        sandbox_id=sandbox_id,
+        reused_guest=reused,
+        timeout=req.timeout,
+        timed_out=timed_out,
+        start_error=start_error,
+        output_truncated=bool(result.stdout_truncated or result.stderr_truncated),
+        exec_ms=result.exec_ms,
+    )
+
+
+def _collect(
+    client: Any, native: Any, sandbox_id: str, program: _GuestProgram, outcome: RunOutcome, retry: Callable
+) -> None:
+    """Download and read the run's archive into `outcome`; failures are reported, not raised."""
+    try:
+        blob = retry(
+            lambda: client.download(sandbox_id, program.archive_path, max_bytes=artifacts.MAX_ARCHIVE_BYTES)
+        )
+    except native.NotFoundError:
+        outcome.artifacts_truncated = True
+        outcome.artifacts_message = (
+            "The guest produced no file archive (the archive step did not run or was removed), "
+            "so no files could be returned."
+        )
+        return
+    except native.CreateOSError as exc:
+        outcome.artifacts_truncated = True
+        outcome.artifacts_message = (
+            f"The files could not be brought back (limit {artifacts.MAX_ARCHIVE_BYTES} bytes compressed): "
+            f"{runtime.describe(exc)}"
+        )
+        return
+    extraction = artifacts.extract(blob)
+    outcome.files = extraction.files
+    outcome.artifacts_truncated = extraction.truncated
+    outcome.artifacts_message = extraction.message
+
+
+def _resume_retry(client: Any, native: Any, sandbox_id: str) -> Callable[[Callable[[], T]], T]:
+    """Call `fn`; if the guest answers 409 because it paused meanwhile, resume it and retry once."""
+
+    def call(fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except native.ConflictError as exc:
+            try:
+                status = client.get(sandbox_id).get("status")
+            except native.CreateOSError:
+                raise exc from None
+            if status == "running" and "paused" not in str(exc):
+                raise
+            logger.info("guest %s was %s at use; resuming it and retrying once", sandbox_id, status)
+            try:
+                _wait_running(client, native, sandbox_id, time.monotonic() + GUEST_READY_SECONDS)
+            except _GuestGone:
+                raise exc from None
+            return fn()
+
+    return call
+
+
+def _run_reused(
+    client: Any,
+    native: Any,
+    req: RunRequest,
+    spec: dict[str, Any],
+    egress: tuple[str, ...],
+    on_output: OutputCallback | None,
+    phase: _Phase,
+    note: Callable[[str], None],
+) -> RunOutcome:
+    name = reuse_name(req.flow_id, req.component_id, egress)
+    phase.action = f"find or create the reused guest {name}"
+    note(f"Finding guest {name}…")
+    record, reused = acquire_reused_guest(client, native, name, spec, egress, req.allow_network)
+    sandbox_id = str(record["id"])
+    wanted_pause = int(spec["auto_pause_after_seconds"])
+    current_pause = record.get("auto_pause_after_seconds")
+    if isinstance(current_pause, int) and current_pause < wanted_pause:
+        phase.action = f"raise the auto-pause window of guest {sandbox_id}"
+        client.patch(sandbox_id, {"auto_pause_after_seconds": wanted_pause})
+    _after_acquire(client, sandbox_id)
+    program = build_program(req, lock=True)
+    retry = _resume_retry(client, native, sandbox_id)
+
+    def execute() -> Any:
+        for path, data in program.files:
+            client.upload(sandbox_id, path, data)
+        return client.exec(
+            sandbox_id,
+            "/bin/sh",
+            program.argv,
+            timeout=program.exec_timeout,
+            max_output_bytes=_max_output_bytes(),
+            on_output=on_output,
+        )
+
+    phase.action = f"run the program on guest {sandbox_id}"
+    note(f"Running on {'reused' if reused else 'new'} guest {sandbox_id}…")
+    outcome = _outcome(retry(execute), req, sandbox_id, reused)
+    if req.collect:
+        note("Collecting files…")
+        _collect(client, native, sandbox_id, program, outcome, retry)
+        try:
+            client.exec(sandbox_id, "/bin/rm", ["-rf", program.run_dir], timeout=30.0, stream=False)
+        except native.CreateOSError as exc:  # the next runs do not read it; only disk is lost
+            logger.warning("could not remove %s on guest %s: %s", program.run_dir, sandbox_id, exc)
+    return outcome
+
+
+def _run_fresh(
+    client: Any,
+    native: Any,
+    req: RunRequest,
+    spec: dict[str, Any],
+    on_output: OutputCallback | None,
+    phase: _Phase,
+    note: Callable[[str], None],
+) -> RunOutcome:
+    program = build_program(req, lock=False)
+    spec = {**spec, "name": runtime.random_name(NAME_PREFIX)}
+    if not req.collect:
+        phase.action = "run the program on a new guest"
+        note("Running on a new guest…")
+        result = client.run_program(
+            spec,
+            "/bin/sh",
+            program.argv,
+            files=program.files,
+            timeout=program.exec_timeout,
+            max_output_bytes=_max_output_bytes(),
+            on_output=on_output,
+            delete="wait",
+        )
+        return _outcome(result, req, result.sandbox_id, False)
+    phase.action = "create a guest"
+    note("Creating a guest…")
+    sandbox_id = str(client.create(spec)["id"])
+    try:
+        phase.action = f"run the program on guest {sandbox_id}"
+        note(f"Running on new guest {sandbox_id}…")
+        for path, data in program.files:
+            client.upload(sandbox_id, path, data)
+        result = client.exec(
+            sandbox_id,
+            "/bin/sh",
+            program.argv,
+            timeout=program.exec_timeout,
+            max_output_bytes=_max_output_bytes(),
+            on_output=on_output,
+        )
+        outcome = _outcome(result, req, sandbox_id, False)
+        note("Collecting files…")
+        _collect(client, native, sandbox_id, program, outcome, lambda fn: fn())
+        return outcome
+    finally:
+        try:
+            client.delete(sandbox_id)
+        except native.CreateOSError as exc:  # auto-pause still bounds its cost
+            logger.warning("could not delete guest %s: %s", sandbox_id, runtime.describe(exc))
+
+
+def run(
+    req: RunRequest, *, on_output: OutputCallback | None = None, note: Callable[[str], None] | None = None
+) -> RunOutcome:
+    """Run `req` on CreateOS. Infrastructure failures raise lfx's SandboxUnavailableError
+    (fail closed: a setting or the account must change) or SandboxExecutionError (transient);
+    the program's own failure is an outcome with a non-zero exit code, not an exception."""
+    note = note or (lambda _text: None)
+    try:
+        accepted = settings.accept_egress_exceptions()
+        rootfs = settings.rootfs()
+    except SettingsError as exc:
+        raise SandboxUnavailableError(str(exc)) from None
+    runtime.egress_gate(req.allow_network, accepted)
+    endpoint = runtime.endpoints.get()
+    native = runtime._native()
+    client = endpoint.client
+    shapes = runtime.catalog(endpoint)
+    if req.shape not in {shape_id for _, shape_id in shapes}:
+        raise SandboxUnavailableError(
+            f"Shape {req.shape!r} is not in the CreateOS shape catalog. "
+            f"Available: {', '.join(s for _, s in shapes) or 'none'}. "
+            "Set the Shape input or CREATEOS_SANDBOX_SHAPE to one of them."
+        )
+    egress = runtime.egress_rules(req.allow_network)
+    phase = _Phase()
+    try:
+        if req.reuse:
+            lock_wait = req.timeout + ARCHIVE_BUDGET_SECONDS + 15
+            budget = lock_wait + req.timeout + ARCHIVE_BUDGET_SECONDS
+            spec = _spec(req, rootfs, egress, budget)
+            return _run_reused(client, native, req, spec, egress, on_output, phase, note)
+        spec = _spec(req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
+        return _run_fresh(client, native, req, spec, on_output, phase, note)
+    except native.CreateOSError as exc:
+        raise runtime.to_lfx_error(exc, phase.action) from None
+
+
+def _spec(req: RunRequest, rootfs: str, egress: tuple[str, ...], busy_seconds: int) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "shape": req.shape,
+        "rootfs": rootfs,
+        "egress": list(egress),
+        "auto_pause_after_seconds": runtime.auto_pause_seconds(busy_seconds),
+    }
+    if req.reuse:
+        spec["name"] = reuse_name(req.flow_id, req.component_id, egress)
+    return spec
