@@ -541,6 +541,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
     static char *kw[] = {"base_url", "api_key", "connect_timeout", "control_timeout", "user_agent", NULL};
     PyObject *url_o, *key_o, *ct = NULL, *cto = NULL, *ua_o = Py_None;
     const char *url, *key, *ua = NULL, *ca;
+    Py_ssize_t url_len = 0, key_len = 0;
     long connect_ms = 10000, control_ms = 60000;
     char default_ua[128];
     cos_err err;
@@ -555,12 +556,13 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
         parse_timeout(cto, "control_timeout", &control_ms, 1) < 0)
         return -1;
     cos_err_clear(&err);
-    url = PyUnicode_AsUTF8(url_o);
-    key = PyUnicode_AsUTF8(key_o);
-    if (url == NULL || key == NULL) {
+    url = PyUnicode_AsUTF8AndSize(url_o, &url_len);
+    key = url ? PyUnicode_AsUTF8AndSize(key_o, &key_len) : NULL;
+    if (url == NULL || key == NULL || strlen(url) != (size_t)url_len ||
+        strlen(key) != (size_t)key_len) {
         /* neither the key nor the URL is quoted in the error */
         PyErr_Clear();
-        cos_err_set(&err, COS_E_CONFIG, "the base URL and the API key must be valid text");
+        cos_err_set(&err, COS_E_CONFIG, "the base URL (CREATEOS_SANDBOX_BASE_URL) and the API key must be text without NUL characters");
         goto config_error;
     }
     if (cos_check_key(key, &err) < 0 || cos_check_base_url(url, &self->cfg.base, &err) < 0)

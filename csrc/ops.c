@@ -234,6 +234,15 @@ static void transport_error(cos_ctx *c, cos_req *r, const char *op)
         cos_error_from_response(op, &r->meta, r->body.data, r->body.len, c->cfg->key, err);
         return;
     }
+    if (r->meta.status >= 200 && r->meta.status < 300 &&
+        (r->rc == CURLE_PARTIAL_FILE || r->rc == CURLE_RECV_ERROR || r->rc == CURLE_GOT_NOTHING ||
+         r->rc == CURLE_HTTP2_STREAM || r->rc == CURLE_HTTP2)) {
+        /* the answer started and broke off: not the documented protocol */
+        cos_err_set(err, COS_E_PROTOCOL,
+                    "%s failed: HTTP %ld: truncated response (connection closed after %lld bytes: %s)",
+                    op, r->meta.status, (long long)r->bytes_in, detail);
+        return;
+    }
     switch (r->rc) {
     case CURLE_OPERATION_TIMEDOUT:
         cos_err_set(err, COS_E_DEADLINE, "%s failed: deadline of %.1f s passed (%s)", op,
