@@ -24,6 +24,27 @@ def _frame(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
 
 
+# printable ASCII except '"' and '\\': bytes that are their own JSON string encoding
+_JSON_PLAIN = bytes(range(0x20, 0x7F)).replace(b'"', b"").replace(b"\\", b"")
+_JSON_WHITESPACE = b"\n\r\t"
+
+
+def _output_frame(name: str, chunk: bytes, decoder: codecs.IncrementalDecoder) -> bytes | None:
+    """Encode an output chunk as one NDJSON frame; None when nothing is decodable yet.
+
+    Plain ASCII output (the common case, and what makes 1 GiB outputs feasible) is framed with
+    C-level byte operations; anything else goes through the UTF-8 decoder and json.
+    """
+    if decoder.getstate()[0] == b"":
+        rest = chunk.translate(None, _JSON_PLAIN)
+        if not rest.translate(None, _JSON_WHITESPACE):
+            if rest:
+                chunk = chunk.replace(b"\n", b"\\n").replace(b"\r", b"\\r").replace(b"\t", b"\\t")
+            return b'{"' + name.encode() + b'":"' + chunk + b'"}\n'
+    text = decoder.decode(chunk)
+    return _frame({name: text}) if text else None
+
+
 def _decoders() -> dict[str, codecs.IncrementalDecoder]:
     # invalid UTF-8 from the guest becomes U+FFFD; a character split across chunks survives
     return {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in ("stdout", "stderr")}
@@ -120,8 +141,9 @@ class ExecStreamResponse(Response):
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         guest: GuestProcess | None = None
 
-        async def emit(payload: dict[str, Any]) -> None:
-            await send({"type": "http.response.body", "body": _frame(payload), "more_body": True})
+        async def emit(payload: dict[str, Any] | bytes) -> None:
+            frame = payload if isinstance(payload, bytes) else _frame(payload)
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
 
         async def pump() -> None:
             nonlocal guest
@@ -142,7 +164,9 @@ class ExecStreamResponse(Response):
         if finished:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _relay(self, guest: GuestProcess, emit: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+    async def _relay(
+        self, guest: GuestProcess, emit: Callable[[dict[str, Any] | bytes], Awaitable[None]]
+    ) -> None:
         decoders = _decoders()
         last_frame = time.monotonic()
         while True:
@@ -156,9 +180,9 @@ class ExecStreamResponse(Response):
             if item is None:
                 break
             name, chunk = item
-            text = decoders[name].decode(chunk)
-            if text:
-                await emit({name: text})
+            frame = _output_frame(name, chunk, decoders[name])
+            if frame is not None:
+                await emit(frame)
                 last_frame = time.monotonic()
         for name, decoder in decoders.items():
             tail = decoder.decode(b"", final=True)

@@ -14,6 +14,8 @@ from .app import Plane, build_app
 from .config import ServerConfig
 from .faults import TRANSPORT_KEY
 
+WRITE_BUFFER_HIGH = 1024 * 1024
+
 
 class TransportAwareProtocol(H11Protocol):
     """h11 protocol that lends each request its connection's transport, so the fault
@@ -21,6 +23,8 @@ class TransportAwareProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # room for a few output frames in flight, so big streams are not ping-ponged frame by frame
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         inner = self.config.loaded_app
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
