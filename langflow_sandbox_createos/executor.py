@@ -1,0 +1,476 @@
+"""The ``createos`` whole-flow executor: the entire graph runs in a throwaway CreateOS guest.
+
+Selected with ``LANGFLOW_EXECUTOR_KIND=createos``; lfx instantiates :class:`CreateOSExecutor`
+from the ``lfx.executors`` entry point. It covers everything that goes through lfx's
+execution coordinator (``/api/v1/run`` via ``Graph.arun``, the ``lfx run`` command, Loop
+subgraphs), not the canvas playground, whose build endpoint walks vertices itself.
+
+One run: create a guest (``lf-x-...``) → one streaming exec of ``python3 -c <bootstrap>``
+whose stdin carries the guest runner (``guest/runner.py``), the run spec and a per-run frame
+secret → delete the guest, always. Each vertex's event is yielded as soon as the guest
+writes it; the run ends with ``RunComplete(outputs=list[RunOutputs])`` harvested in the
+guest the way ``Graph._run`` does it. A failure in the guest raises from the stream.
+
+Runtime options understood (others are ignored): ``initial_inputs``, ``max_iterations``,
+``config``, ``reset_output_values``, ``fallback_to_env_vars``, ``outputs``,
+``inputs_components``, ``types``. ``event_manager``, ``session_id``, ``open_flow_span`` and
+``_``-prefixed keys stay on the host (debug log). ``stream`` is accepted, but generator
+results are always drained in the guest: a live generator cannot cross to the host.
+
+Importing this module is cheap and reads no settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from lfx.execution.executor import Executor
+from lfx.execution.types import RunComplete, StepResult
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+
+from langflow_sandbox_createos import runtime, settings
+from langflow_sandbox_createos.executor_protocol import (
+    BOOTSTRAP,
+    FrameReader,
+    GuestStatus,
+    SpecError,
+    build_spec,
+    decode_outputs,
+    decode_vertex,
+    inline_secrets,
+    new_token,
+    runner_source,
+    tail,
+)
+from langflow_sandbox_createos.settings import ExecutorSettings, SettingsError
+
+if TYPE_CHECKING:
+    from lfx.execution.types import Unit
+
+logger = logging.getLogger("langflow_sandbox_createos.executor")
+
+NAME_PREFIX = "lf-x-"
+PYTHON = "python3"
+# Past the guest's own clock (the runner's watchdog), how long the host waits for the stream.
+EXEC_GRACE_SECONDS = 30.0
+# A run spec bigger than this is uploaded as a file (read and removed by the runner)
+# instead of travelling on stdin, whose size limit the API leaves undocumented.
+STDIN_SPEC_MAX_BYTES = 4 * 1024 * 1024
+SPEC_DIR = "/workspace/.createos-run"
+# How long closing the stream waits for the guest delete before returning anyway.
+CLOSE_WAIT_SECONDS = 5.0
+STDERR_KEEP_CHARS = 16000
+
+# Exit statuses of guest/runner.py.
+EXIT_TIMEOUT = 124
+EXIT_NO_LFX = 3
+EXIT_INSTALL_FAILED = 4
+
+ROOTFS_HINT = (
+    "Build a guest template with Langflow and every package your components import, and set "
+    "CREATEOS_EXECUTOR_ROOTFS to it (the supported path); CREATEOS_EXECUTOR_INSTALL_LFX=true with "
+    "CREATEOS_EXECUTOR_PIP=<packages> installs them per run instead, for experiments."
+)
+
+
+# --- what this process knows about each (endpoint, rootfs) -------------------------------
+
+
+class _GuestKnowledge:
+    """The guest's lfx version per (endpoint, rootfs), learnt from a run's `ready` frame.
+
+    The lfx probe is part of the run itself (the runner imports lfx first), so it costs no
+    extra round trip. Once a rootfs is known to ship lfx, the install fallback is not even
+    offered to it again, and a host/guest version skew is reported once, not per run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lfx: dict[tuple[str, str], str | None] = {}
+
+    def known_good(self, base_url: str, rootfs: str) -> bool:
+        with self._lock:
+            return (base_url, rootfs) in self._lfx
+
+    def record(self, base_url: str, rootfs: str, guest_lfx: str | None) -> None:
+        with self._lock:
+            first = (base_url, rootfs) not in self._lfx
+            self._lfx[(base_url, rootfs)] = guest_lfx
+        host = _host_lfx_version()
+        if first and guest_lfx and host and guest_lfx != host:
+            logger.warning(
+                "CreateOS executor: rootfs %r has lfx %s while this host runs lfx %s; a flow serialized "
+                "by one version may not load in the other. Rebuild the template with lfx==%s.",
+                rootfs,
+                guest_lfx,
+                host,
+                host,
+            )
+
+    def clear(self) -> None:
+        with self._lock:
+            self._lfx.clear()
+
+
+guest_knowledge = _GuestKnowledge()
+
+
+def _host_lfx_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("lfx")
+    except Exception:  # not installed as a distribution (e.g. a source checkout)
+        return None
+
+
+def _install_request(cfg: ExecutorSettings) -> dict[str, Any]:
+    pinned = cfg.lfx_version or _host_lfx_version()
+    if pinned and not any(ch in pinned for ch in "<>=!~ "):
+        lfx = f"lfx=={pinned}"
+    else:
+        lfx = f"lfx{pinned}" if pinned else "lfx"
+    return {"packages": [lfx, *cfg.pip_extra]}
+
+
+def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
+    """Only the variables CREATEOS_EXECUTOR_ENV names, with this process's values."""
+    import os
+
+    envs = {}
+    for name in cfg.env_allowlist:
+        value = os.environ.get(name)
+        if value is None:
+            logger.warning("CreateOS executor: CREATEOS_EXECUTOR_ENV names %s, which is not set here", name)
+            continue
+        envs[name] = value
+    return envs
+
+
+# --- one run ------------------------------------------------------------------------------
+
+
+class _Run:
+    """Everything one execute() call owns: the guest, the exec thread and its event queue."""
+
+    def __init__(self, endpoint: runtime.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any]) -> None:
+        self.endpoint = endpoint
+        self.client: Any = endpoint.client
+        self.cfg = cfg
+        self.spec = spec
+        self.token = new_token()
+        self.sandbox_id: str | None = None
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._closed = threading.Event()
+        self._delete_lock = threading.Lock()
+        self._deleted = False
+        self.stderr_tail: list[str] = []
+        self._stderr_chars = 0
+        self.plain_lines = 0
+
+    # -- guest lifecycle ----------------------------------------------------------------
+    def _create_spec(self) -> dict[str, Any]:
+        return {
+            "name": runtime.random_name(NAME_PREFIX),
+            "shape": self.cfg.shape,
+            "rootfs": self.cfg.rootfs,
+            "egress": list(self.cfg.egress),
+            "envs": _forwarded_env(self.cfg),
+            "auto_pause_after_seconds": runtime.auto_pause_seconds(self.cfg.timeout_seconds),
+        }
+
+    def _create_blocking(self) -> str:
+        native = runtime._native()
+        try:
+            created = self.client.create(self._create_spec())
+        except native.CreateOSError as exc:
+            raise runtime.to_lfx_error(exc, "create the executor guest") from None
+        sandbox_id = created.get("id") if isinstance(created, dict) else None
+        if not isinstance(sandbox_id, str):
+            raise SandboxExecutionError(f"CreateOS: create answered without a sandbox id: {created!r}")
+        return sandbox_id
+
+    async def create(self) -> None:
+        future = self.loop.run_in_executor(None, self._create_blocking)
+        try:
+            self.sandbox_id = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            # The create keeps going in its thread: delete the guest it makes, whenever it lands.
+            def cleanup(done: asyncio.Future[str]) -> None:
+                if not done.cancelled() and done.exception() is None:
+                    self.sandbox_id = done.result()
+                    threading.Thread(target=self.delete_blocking, daemon=True).start()
+
+            future.add_done_callback(cleanup)
+            raise
+
+    def delete_blocking(self) -> None:
+        with self._delete_lock:
+            if self._deleted or self.sandbox_id is None:
+                return
+            self._deleted = True
+        try:
+            self.client.delete(self.sandbox_id)
+        except Exception as exc:
+            logger.warning(
+                "CreateOS executor: could not delete guest %s (%s); auto-pause after %s s bounds it",
+                self.sandbox_id,
+                exc,
+                runtime.auto_pause_seconds(self.cfg.timeout_seconds),
+            )
+
+    async def close(self) -> None:
+        """Delete the guest (which also ends a running exec) without hanging the caller."""
+        self._closed.set()
+        if self.sandbox_id is None:
+            return
+        worker = threading.Thread(target=self.delete_blocking, name="createos-executor-delete", daemon=True)
+        worker.start()
+        deadline = self.loop.time() + CLOSE_WAIT_SECONDS
+        while worker.is_alive() and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+
+    # -- the exec, on its own thread ----------------------------------------------------
+    def _push(self, kind: str, item: Any) -> None:
+        if self._closed.is_set():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))
+        except RuntimeError:  # the loop is gone; the consumer left
+            self._closed.set()
+
+    def _on_stderr(self, text: str) -> None:
+        self.stderr_tail.append(text)
+        self._stderr_chars += len(text)
+        while self._stderr_chars > STDERR_KEEP_CHARS and len(self.stderr_tail) > 1:
+            self._stderr_chars -= len(self.stderr_tail.pop(0))
+
+    def _on_plain(self, line: str) -> None:
+        self.plain_lines += 1
+        logger.debug("CreateOS executor: unframed guest stdout: %s", line[:500])
+
+    def _exec_blocking(self, stdin: str) -> None:
+        native = runtime._native()
+        reader = FrameReader(
+            key=bytes.fromhex(self.token),
+            on_frame=lambda frame: self._push("frame", frame),
+            on_plain=self._on_plain,
+            max_line=self.cfg.max_output_bytes,
+        )
+
+        def on_output(stream: str, text: str) -> None:
+            if self._closed.is_set():
+                return
+            if stream == "stdout":
+                reader.feed(text)
+            else:
+                self._on_stderr(text)
+
+        try:
+            result = self.client.exec(
+                self.sandbox_id,
+                PYTHON,
+                ["-c", BOOTSTRAP],
+                stdin=stdin,
+                timeout=self.cfg.timeout_seconds + EXEC_GRACE_SECONDS,
+                max_output_bytes=self.cfg.max_output_bytes,
+                stream=True,
+                on_output=on_output,
+            )
+            if not result.streamed:  # buffered fallback: no live output, parse it all now
+                reader.feed(result.stdout)
+                self._on_stderr(result.stderr)
+            reader.close()
+            self._push("end", result)
+        except native.CreateOSError as exc:
+            self._push("error", runtime.to_lfx_error(exc, "run the flow in the executor guest"))
+        except BaseException as exc:  # never lose an exception on this thread
+            self._push("error", exc)
+
+    async def stage(self) -> str:
+        """The exec's stdin; a large spec is uploaded first and only its path travels on stdin."""
+        document: dict[str, Any] = {"runner": runner_source(), "token": self.token, "spec": self.spec}
+        stdin = json.dumps(document, separators=(",", ":"), default=str)
+        if len(stdin) <= STDIN_SPEC_MAX_BYTES:
+            return stdin
+        path = f"{SPEC_DIR}/{runtime.random_name('s')}.json"
+        data = json.dumps(self.spec, separators=(",", ":"), default=str).encode()
+        native = runtime._native()
+        try:
+            await asyncio.to_thread(self.client.upload, self.sandbox_id, path, data)
+        except native.CreateOSError as exc:
+            raise runtime.to_lfx_error(exc, "upload the run spec to the executor guest") from None
+        document = {"runner": runner_source(), "token": self.token, "spec_path": path}
+        return json.dumps(document, separators=(",", ":"))
+
+    def start_exec(self, stdin: str) -> None:
+        threading.Thread(
+            target=self._exec_blocking, args=(stdin,), name="createos-executor-exec", daemon=True
+        ).start()
+
+    def stderr_text(self) -> str:
+        return "".join(self.stderr_tail)
+
+
+# --- mapping the end of a run onto an error -----------------------------------------------
+
+
+def _timeout_error(cfg: ExecutorSettings, detail: str = "") -> SandboxExecutionError:
+    return SandboxExecutionError(
+        f"The flow timed out in the CreateOS guest after {cfg.timeout_seconds} s "
+        f"(CREATEOS_EXECUTOR_TIMEOUT_SECONDS). Raise it for long flows.{detail}"
+    )
+
+
+def _failure(
+    cfg: ExecutorSettings, frames: dict[str, Mapping[str, Any]], result: Any, stderr: str
+) -> SandboxExecutionError | None:
+    """The error a finished exec stands for, or None for a clean run."""
+    if "timeout" in frames:
+        return _timeout_error(cfg)
+    if "install_failed" in frames:
+        frame = frames["install_failed"]
+        status = "timed out" if frame.get("timed_out") else f"pip exited {frame.get('status')}"
+        return SandboxExecutionError(
+            f"CreateOS executor: the per-run install (CREATEOS_EXECUTOR_INSTALL_LFX) failed: {status}. "
+            f"Packages: {' '.join(map(str, frames.get('installing', {}).get('packages', [])))}. "
+            f"Tail of pip's output:\n{frame.get('tail', '')}\n{ROOTFS_HINT}"
+        )
+    if "missing_lfx" in frames:
+        return SandboxUnavailableError(
+            f"CreateOS executor: the guest (rootfs {cfg.rootfs!r}) has no importable lfx, so it cannot "
+            f"rebuild the flow. {ROOTFS_HINT}"
+        )
+    if "fatal" in frames:
+        frame = frames["fatal"]
+        module = frame.get("missing_module")
+        trace = frame.get("traceback", "")
+        if isinstance(module, str) and module:
+            return SandboxExecutionError(
+                f"The flow failed inside the CreateOS guest: no module named {module!r} there "
+                f"(rootfs {cfg.rootfs!r}). A component needs it. {ROOTFS_HINT}\n"
+                f"Guest traceback (tail):\n{trace}"
+            )
+        return SandboxExecutionError(
+            f"The flow failed inside the CreateOS guest: {frame.get('error')}\n"
+            f"Guest traceback (tail):\n{trace}"
+        )
+    if result.error:
+        return SandboxExecutionError(
+            f"CreateOS executor: the guest could not start {PYTHON}: {result.error}. The guest rootfs "
+            f"({cfg.rootfs!r}, CREATEOS_EXECUTOR_ROOTFS) must provide {PYTHON} with lfx installed."
+        )
+    if result.timed_out or result.exit_code == EXIT_TIMEOUT:
+        return _timeout_error(cfg)
+    if result.stdout_truncated:
+        return SandboxExecutionError(
+            "CreateOS executor: the guest's results exceeded the output cap "
+            f"({cfg.max_output_bytes} bytes, CREATEOS_SANDBOX_MAX_OUTPUT_BYTES) and were cut off."
+        )
+    if result.exit_code != 0:
+        return SandboxExecutionError(
+            f"CreateOS executor: the guest runner exited {result.exit_code} without reporting why. "
+            f"Guest stderr (tail):\n{tail(stderr, 2000)}"
+        )
+    if "outputs" not in frames or "done" not in frames:
+        return SandboxExecutionError(
+            "CreateOS executor: the guest runner ended without reporting the run's outputs "
+            f"(a component may have exited the interpreter). Guest stderr (tail):\n{tail(stderr, 2000)}"
+        )
+    return None
+
+
+# --- the executor ---------------------------------------------------------------------------
+
+
+class CreateOSExecutor(Executor):
+    """Runs whole flows on disposable CreateOS guests. Stateless: one shared instance serves
+    concurrent runs; everything a run owns lives in that run's generator."""
+
+    kind: ClassVar[str] = "createos"
+
+    async def execute(self, unit: Unit) -> AsyncIterator[StepResult | RunComplete]:
+        from lfx.graph.graph.constants import Finish
+
+        try:
+            spec, dropped = build_spec(unit.graph, list(unit.inputs or []), dict(unit.runtime_options or {}))
+        except SpecError as exc:
+            raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
+        if dropped:
+            logger.debug("CreateOS executor: options that stay on the host: %s", ", ".join(sorted(dropped)))
+        secrets_inline = inline_secrets(spec["graph"])
+        if secrets_inline:
+            logger.info(
+                "CreateOS executor: %d secret field(s) hold inline values (%s); they reach the guest "
+                "inside the run spec on stdin (never written to its disk). Prefer global variables "
+                "forwarded with CREATEOS_EXECUTOR_ENV.",
+                len(secrets_inline),
+                ", ".join(secrets_inline),
+            )
+        try:
+            cfg = settings.executor_settings()
+        except SettingsError as exc:
+            raise SandboxUnavailableError(str(exc)) from None
+        endpoint = runtime.endpoints.get()
+        spec["timeout"] = cfg.timeout_seconds
+        if cfg.install_lfx and not guest_knowledge.known_good(endpoint.base_url, cfg.rootfs):
+            spec["install"] = _install_request(cfg)
+
+        run = _Run(endpoint, cfg, spec)
+        try:
+            await run.create()
+            run.start_exec(await run.stage())
+            frames: dict[str, Mapping[str, Any]] = {}
+            while True:
+                kind, item = await run.queue.get()
+                if kind == "error":
+                    raise item
+                if kind == "end":
+                    result = item
+                    break
+                frame: Mapping[str, Any] = item
+                frame_type = frame["t"]
+                if frame_type == "vertex":
+                    try:
+                        event = decode_vertex(frame)
+                    except Exception as exc:
+                        raise SandboxExecutionError(
+                            f"CreateOS executor: unreadable vertex event from the guest: {exc}"
+                        ) from None
+                    yield StepResult(payload=event)
+                    continue
+                frames.setdefault(frame_type, frame)
+                if frame_type == "ready":
+                    lfx_version = frame.get("lfx") if isinstance(frame.get("lfx"), str) else None
+                    if not frame.get("installed"):
+                        guest_knowledge.record(endpoint.base_url, cfg.rootfs, lfx_version)
+                    yield StepResult(
+                        payload=GuestStatus(
+                            status="ready",
+                            sandbox_id=run.sandbox_id,
+                            rootfs=cfg.rootfs,
+                            lfx_version=lfx_version,
+                            installed=bool(frame.get("installed")),
+                        )
+                    )
+
+            error = _failure(cfg, frames, result, run.stderr_text())
+            if error is not None:
+                raise error
+            try:
+                outputs = decode_outputs(frames["outputs"])
+            except Exception as exc:
+                raise SandboxExecutionError(
+                    f"CreateOS executor: unreadable outputs from the guest: {exc}"
+                ) from None
+            if run.plain_lines:
+                logger.debug("CreateOS executor: %d unframed stdout line(s) ignored", run.plain_lines)
+            yield StepResult(payload=Finish())
+            yield RunComplete(outputs=outputs)
+        finally:
+            await run.close()

@@ -1,0 +1,397 @@
+"""Host side of the executor's guest protocol: the run spec, frame authentication and the
+objects the frames become.
+
+The guest half is `guest/runner.py` (stdlib only, shipped as source). The frame format
+must match `runner.Frames.emit`: `LFXF1 <seq> <mac> <json>` with
+mac = HMAC-SHA256(secret, "<seq> <json>")[:32 hex].
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+logger = logging.getLogger("langflow_sandbox_createos.executor")
+
+MAGIC = "LFXF1"
+MAC_HEX = 32
+TAIL_CHARS = 4000
+
+# Runtime options the guest understands, and the ones that cannot leave this process.
+FORWARDED_OPTIONS = (
+    "max_iterations",
+    "config",
+    "reset_output_values",
+    "fallback_to_env_vars",
+    "outputs",
+    "inputs_components",
+    "types",
+    "stream",
+)
+HOST_ONLY_OPTIONS = frozenset({"event_manager", "session_id", "open_flow_span"})
+
+# The bootstrap reads one JSON document from stdin: {"runner": source, "token": hex, "spec": {...}}.
+BOOTSTRAP = (
+    "import json,sys;b=json.loads(sys.stdin.buffer.read());g={'__name__':'__createos_runner__'};"
+    "exec(compile(b.pop('runner'),'createos-runner.py','exec'),g);g['main'](b)"
+)
+
+
+@lru_cache(maxsize=1)
+def runner_source() -> str:
+    return resources.files("langflow_sandbox_createos.guest").joinpath("runner.py").read_text("utf-8")
+
+
+def new_token() -> str:
+    return secrets.token_hex(32)
+
+
+def frame_mac(key: bytes, seq: int, body: str) -> str:
+    return hmac.new(key, f"{seq} {body}".encode(), hashlib.sha256).hexdigest()[:MAC_HEX]
+
+
+def encode_frame(key: bytes, seq: int, kind: str, **fields: Any) -> str:
+    """What the guest writes (used by tests to check both halves agree)."""
+    body = json.dumps({**fields, "t": kind}, ensure_ascii=True, separators=(",", ":"))
+    return f"{MAGIC} {seq} {frame_mac(key, seq, body)} {body}\n"
+
+
+# --- the run spec --------------------------------------------------------------------------
+
+
+class SpecError(ValueError):
+    """The unit cannot be sent to a guest."""
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _input_dict(value: Any) -> dict[str, Any] | None:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        value = dump(mode="json")
+    return value if isinstance(value, dict) else None
+
+
+def serialize_graph(graph: Any) -> tuple[dict[str, Any], str | None, str | None]:
+    """(payload with nodes and edges, flow_id, flow_name) for a Graph or a flow dict/JSON."""
+    flow_id = flow_name = None
+    if isinstance(graph, (str, bytes)):
+        try:
+            graph = json.loads(graph)
+        except ValueError as exc:
+            raise SpecError(f"the unit's graph is a string but not flow JSON: {exc}") from None
+    if isinstance(graph, Mapping):
+        payload = dict(graph)
+    elif callable(getattr(graph, "dump", None)):
+        payload = dict(graph.dump())
+        flow_id = getattr(graph, "flow_id", None)
+        flow_name = getattr(graph, "flow_name", None)
+    else:
+        raise SpecError(
+            f"the unit's graph is a {type(graph).__name__}; the CreateOS executor needs an lfx Graph "
+            "or a flow dict with nodes and edges"
+        )
+    data = payload.get("data", payload)
+    if not isinstance(data, Mapping) or not isinstance(data.get("nodes"), list):
+        raise SpecError("the flow has no 'nodes' list (expected {'data': {'nodes': [...], 'edges': [...]}})")
+    return (
+        {"nodes": data["nodes"], "edges": data.get("edges") or []},
+        (str(flow_id) if flow_id else None),
+        (str(flow_name) if flow_name else None),
+    )
+
+
+def inline_secrets(payload: Mapping[str, Any]) -> list[str]:
+    """`vertex.field` names of password fields holding an inline value (never the values)."""
+    found = []
+    for node in payload.get("nodes", []):
+        try:
+            template = node["data"]["node"]["template"]
+        except (KeyError, TypeError):
+            continue
+        if not isinstance(template, Mapping):
+            continue
+        for name, fld in template.items():
+            if (
+                isinstance(fld, Mapping)
+                and fld.get("password")
+                and not fld.get("load_from_db")
+                and isinstance(fld.get("value"), str)
+                and fld["value"].strip()
+            ):
+                found.append(f"{node.get('id')}.{name}")
+    return found
+
+
+def build_spec(
+    graph: Any, inputs: list[Any], runtime_options: Mapping[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """The JSON run spec and the names of the options that were dropped."""
+    payload, flow_id, flow_name = serialize_graph(graph)
+    dropped: list[str] = []
+    mode = "runs"
+    raw_inputs: list[Any] = list(inputs or [])
+    if not raw_inputs:
+        mode = "start"
+        initial = runtime_options.get("initial_inputs")
+        if initial is None:
+            raw_inputs = []
+        elif isinstance(initial, (list, tuple)):
+            raw_inputs = list(initial)
+        else:
+            raw_inputs = [initial]
+    spec_inputs = []
+    for item in raw_inputs:
+        converted = _input_dict(item)
+        if converted is None or not _jsonable(converted):
+            raise SpecError(f"an input of type {type(item).__name__} cannot be sent to the guest as JSON")
+        spec_inputs.append(converted)
+
+    options: dict[str, Any] = {}
+    for key, value in runtime_options.items():
+        if key == "initial_inputs":
+            continue
+        if key.startswith("_") or key in HOST_ONLY_OPTIONS:
+            dropped.append(key)
+            continue
+        if key not in FORWARDED_OPTIONS:
+            continue  # unknown keys are ignored, as the seam requires
+        if not _jsonable(value):
+            dropped.append(key)
+            continue
+        options[key] = value
+    spec = {
+        "graph": payload,
+        "flow_id": flow_id,
+        "flow_name": flow_name,
+        "mode": mode,
+        "inputs": spec_inputs,
+        "options": options,
+    }
+    return spec, dropped
+
+
+# --- frames ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FrameReader:
+    """Splits one output stream into lines and sorts them into authenticated frames and
+    plain output. Never raises on what the guest prints."""
+
+    key: bytes
+    on_frame: Callable[[dict[str, Any]], None]
+    on_plain: Callable[[str], None]
+    max_line: int = 64 * 1024 * 1024
+    next_seq: int = 0
+    rejected: int = 0
+    _buffer: list[str] = field(default_factory=list)
+    _buffered: int = 0
+
+    def feed(self, text: str) -> None:
+        while text:
+            newline = text.find("\n")
+            if newline < 0:
+                self._buffer.append(text)
+                self._buffered += len(text)
+                if self._buffered > self.max_line:  # not a frame we could accept anyway
+                    self._flush_plain()
+                return
+            self._buffer.append(text[:newline])
+            text = text[newline + 1 :]
+            line = "".join(self._buffer)
+            self._buffer.clear()
+            self._buffered = 0
+            self._line(line)
+
+    def close(self) -> None:
+        if self._buffer:
+            line = "".join(self._buffer)
+            self._buffer.clear()
+            self._buffered = 0
+            self._line(line)
+
+    def _flush_plain(self) -> None:
+        line = "".join(self._buffer)
+        self._buffer.clear()
+        self._buffered = 0
+        self.rejected += 1
+        self.on_plain(line)
+
+    def _line(self, line: str) -> None:
+        frame = self._authenticate(line.rstrip("\r"))
+        if frame is None:
+            if line.strip():
+                self.on_plain(line)
+            return
+        self.on_frame(frame)
+
+    def _authenticate(self, line: str) -> dict[str, Any] | None:
+        if not line.startswith(MAGIC + " "):
+            return None
+        parts = line.split(" ", 3)
+        if len(parts) != 4:
+            self.rejected += 1
+            return None
+        _, seq_text, mac, body = parts
+        if seq_text != str(self.next_seq) or len(mac) != MAC_HEX:
+            self.rejected += 1
+            return None
+        if not hmac.compare_digest(mac, frame_mac(self.key, self.next_seq, body)):
+            self.rejected += 1
+            return None
+        try:
+            frame = json.loads(body)
+        except ValueError:
+            self.rejected += 1
+            return None
+        if not isinstance(frame, dict) or not isinstance(frame.get("t"), str):
+            self.rejected += 1
+            return None
+        self.next_seq += 1
+        return frame
+
+
+# --- what the frames become ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GuestStatus:
+    """A progress event that is not a vertex: the guest is up and has lfx (`status="ready"`).
+    Consumers that look for `.vertex` (lfx run, Loop) skip it, as they skip `Finish`."""
+
+    status: str
+    sandbox_id: str | None
+    rootfs: str
+    lfx_version: str | None
+    installed: bool
+
+
+@dataclass(frozen=True)
+class RemoteComponent:
+    """Stands in for `vertex.custom_component`: consumers read its display name."""
+
+    display_name: str | None
+
+
+@dataclass(frozen=True)
+class RemoteVertex:
+    """The parts of an lfx Vertex that survive the trip out of the guest."""
+
+    id: str
+    display_name: str | None
+    base_name: str | None
+    is_output: bool
+    custom_component: RemoteComponent | None
+
+
+@dataclass(frozen=True)
+class RemoteVertexResult:
+    """A vertex built in the guest, shaped like lfx's VertexBuildResult (result_dict,
+    params, valid, artifacts, vertex), so `lfx run`, Loop and other consumers that read
+    those attributes work unchanged."""
+
+    vertex: RemoteVertex
+    result_dict: Any
+    params: str
+    valid: bool
+    artifacts: Any
+    omitted: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        result = self.result_dict
+        dump = getattr(result, "model_dump", None)
+        return {
+            "id": self.vertex.id,
+            "display_name": self.vertex.display_name,
+            "component": self.vertex.custom_component.display_name if self.vertex.custom_component else None,
+            "valid": self.valid,
+            "params": self.params,
+            "result": dump(mode="json") if callable(dump) else result,
+            "artifacts": self.artifacts,
+        }
+
+
+def decode_result(encoded: Any) -> Any:
+    """A ResultData rebuilt from the guest's encoding, with Message/Data values restored."""
+    if encoded is None:
+        return None
+    if not isinstance(encoded, Mapping) or not isinstance(encoded.get("model"), Mapping):
+        raise ValueError("a result is not {'model': {...}, 'typed': {...}}")
+    from lfx.graph.schema import ResultData
+
+    result = ResultData.model_validate(dict(encoded["model"]))
+    typed = encoded.get("typed") or {}
+    if isinstance(result.results, dict) and isinstance(typed, Mapping):
+        for key, item in typed.items():
+            if not isinstance(item, Mapping) or key not in result.results:
+                continue
+            try:
+                if item.get("type") == "Message":
+                    from lfx.schema.message import Message
+
+                    result.results[key] = Message.model_validate(item.get("value"))
+                elif item.get("type") == "Data":
+                    from lfx.schema.data import Data
+
+                    result.results[key] = Data.model_validate(item.get("value"))
+            except Exception:  # keep the plain JSON form
+                logger.debug("could not rebuild %s result %r", item.get("type"), key, exc_info=True)
+    return result
+
+
+def decode_vertex(frame: Mapping[str, Any]) -> RemoteVertexResult:
+    vertex_id = frame.get("id")
+    if not isinstance(vertex_id, str):
+        raise ValueError("a vertex frame has no id")
+    component = frame.get("component")
+    vertex = RemoteVertex(
+        id=vertex_id,
+        display_name=frame.get("display_name") if isinstance(frame.get("display_name"), str) else None,
+        base_name=frame.get("base_name") if isinstance(frame.get("base_name"), str) else None,
+        is_output=bool(frame.get("is_output")),
+        custom_component=RemoteComponent(component) if isinstance(component, str) else None,
+    )
+    return RemoteVertexResult(
+        vertex=vertex,
+        result_dict=decode_result(frame.get("result")),
+        params=str(frame.get("params") or ""),
+        valid=bool(frame.get("valid", True)),
+        artifacts=frame.get("artifacts"),
+        omitted=frame.get("omitted") if isinstance(frame.get("omitted"), str) else None,
+    )
+
+
+def decode_outputs(frame: Mapping[str, Any]) -> list[Any]:
+    """list[RunOutputs] from the final outputs frame."""
+    from lfx.graph.schema import RunOutputs
+
+    runs = frame.get("runs")
+    if not isinstance(runs, list):
+        raise ValueError("the outputs frame has no 'runs' list")
+    decoded = []
+    for run in runs:
+        if not isinstance(run, Mapping):
+            raise ValueError("an outputs entry is not an object")
+        inputs = run.get("inputs") if isinstance(run.get("inputs"), Mapping) else {}
+        outputs = [decode_result(item) for item in run.get("outputs") or []]
+        decoded.append(RunOutputs(inputs=dict(inputs), outputs=outputs))
+    return decoded
+
+
+def tail(text: str, limit: int = TAIL_CHARS) -> str:
+    return text if len(text) <= limit else "..." + text[-limit:]

@@ -1,0 +1,141 @@
+"""Fixtures for the whole-flow executor: settings pointed at createos-local, real flows
+built from real lfx components, and a way for a fresh process to discover our entry point."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from langflow_sandbox_createos import executor as executor_module
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+REPO = Path(__file__).resolve().parents[2]
+
+EXECUTOR_VARS = (
+    "CREATEOS_API_KEY",
+    "CREATEOS_SANDBOX_ROOTFS",
+    "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
+    "CREATEOS_EXECUTOR_ROOTFS",
+    "CREATEOS_EXECUTOR_SHAPE",
+    "CREATEOS_EXECUTOR_TIMEOUT_SECONDS",
+    "CREATEOS_EXECUTOR_EGRESS",
+    "CREATEOS_EXECUTOR_INSTALL_LFX",
+    "CREATEOS_EXECUTOR_PIP",
+    "CREATEOS_EXECUTOR_LFX_VERSION",
+    "CREATEOS_EXECUTOR_ENV",
+    "LANGFLOW_EXECUTOR_KIND",
+)
+
+
+@pytest.fixture
+def executor_env(cp: Any, createos_env: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The control plane, with every executor setting at its default except a test-sized timeout."""
+    for name in EXECUTOR_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "180")
+    executor_module.guest_knowledge.clear()
+    return cp
+
+
+@pytest.fixture
+def executor(executor_env: Any) -> CreateOSExecutor:
+    return CreateOSExecutor()
+
+
+# --- flows --------------------------------------------------------------------------------
+
+
+def chat_graph() -> Any:
+    """The contract suite's reference unit: ChatInput -> ChatOutput."""
+    from lfx.components.input_output import ChatInput, ChatOutput
+    from lfx.graph import Graph
+
+    chat_in = ChatInput(_id="chat-in")
+    chat_out = ChatOutput(_id="chat-out")
+    chat_out.set(input_value=chat_in.message_response)
+    return Graph(chat_in, chat_out)
+
+
+def middle_graph(component_cls: type, method: str, vertex_id: str = "middle") -> Any:
+    """ChatInput -> <custom component> -> ChatOutput."""
+    from lfx.components.input_output import ChatInput, ChatOutput
+    from lfx.graph import Graph
+
+    chat_in = ChatInput(_id="chat-in")
+    middle = component_cls(_id=vertex_id)
+    middle.set(input_value=chat_in.message_response)
+    chat_out = ChatOutput(_id="chat-out")
+    chat_out.set(input_value=getattr(middle, method))
+    return Graph(chat_in, chat_out)
+
+
+def chat_unit(text: str = "hi") -> Any:
+    from lfx.execution.types import Unit
+    from lfx.schema.schema import InputValueRequest
+
+    return Unit(graph=chat_graph(), runtime_options={"initial_inputs": InputValueRequest(input_value=text)})
+
+
+@pytest.fixture
+def unit_factory() -> Callable[[], Any]:
+    return chat_unit
+
+
+async def drain(stream: Any) -> list[Any]:
+    return [item async for item in stream]
+
+
+# --- a fresh process that discovers our entry point ----------------------------------------
+
+
+def _declared_entry_point() -> str:
+    text = (REPO / "pyproject.toml").read_text()
+    section = text.split('[project.entry-points."lfx.executors"]', 1)[1].split("[", 1)[0]
+    match = re.search(r'^createos\s*=\s*"([^"]+)"', section, re.MULTILINE)
+    assert match, "pyproject declares no lfx.executors entry point named createos"
+    return match.group(1)
+
+
+def entry_point_path(tmp_path: Path) -> str:
+    """A sys.path entry that makes `importlib.metadata` see the entry point pyproject declares,
+    for a checkout that is not pip-installed (an installed package already provides it)."""
+    from importlib.metadata import entry_points
+
+    if any(ep.name == "createos" for ep in entry_points(group="lfx.executors")):
+        return str(REPO)
+    dist = tmp_path / "dist" / "langflow_sandbox_createos_checkout-0.0.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: langflow-sandbox-createos-checkout\nVersion: 0.0.0\n"
+    )
+    (dist / "entry_points.txt").write_text(f"[lfx.executors]\ncreateos = {_declared_entry_point()}\n")
+    return os.pathsep.join([str(REPO), str(tmp_path / "dist")])
+
+
+def child_env(cp: Any, tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR")}
+    env.update(
+        HOME=str(tmp_path),
+        LANGFLOW_CONFIG_DIR=str(tmp_path / "langflow"),
+        PYTHONPATH=entry_point_path(tmp_path),
+        CREATEOS_SANDBOX_API_KEY=cp.api_key,
+        CREATEOS_SANDBOX_BASE_URL=cp.url,
+        CREATEOS_EXECUTOR_TIMEOUT_SECONDS="180",
+        LANGFLOW_DO_NOT_TRACK="true",
+    )
+    env.update(extra)
+    return env
+
+
+PYTHON = sys.executable
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

@@ -1,0 +1,103 @@
+"""lfx's executor contract suite (src/lfx/tests/unit/execution/test_executor_contract.py, not
+shipped in the wheel), its seven checks written against the real lfx classes, applied to
+CreateOSExecutor with a real minimal unit run on createos-local."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from lfx.execution.executor import Executor
+from lfx.execution.types import RunComplete, StepResult, Unit
+
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+from .conftest import drain
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
+
+
+class ExecutorContract:
+    """Subclasses provide `contract_executor` (a fresh instance) and `contract_unit_factory`."""
+
+    @pytest.fixture
+    def contract_executor(self) -> Executor:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def contract_unit_factory(self) -> Callable[[], Unit]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _assert_terminated(items: list[Any]) -> None:
+        assert items, "the stream was empty"
+        assert isinstance(items[-1], RunComplete), f"last item is {type(items[-1]).__name__}"
+        assert sum(isinstance(i, RunComplete) for i in items) == 1
+        assert all(isinstance(i, StepResult) for i in items[:-1])
+        assert isinstance(items[-1].outputs, list)
+
+    def test_kind_is_a_non_empty_string(self, contract_executor: Executor) -> None:
+        assert isinstance(contract_executor.kind, str)
+        assert contract_executor.kind
+
+    async def test_execute_returns_an_async_iterator(
+        self, contract_executor: Executor, contract_unit_factory: Callable[[], Unit]
+    ) -> None:
+        stream = contract_executor.execute(contract_unit_factory())
+        assert isinstance(stream, AsyncIterator)
+        await stream.aclose()  # type: ignore[attr-defined]
+
+    async def test_stream_ends_with_exactly_one_run_complete(
+        self, contract_executor: Executor, contract_unit_factory: Callable[[], Unit]
+    ) -> None:
+        self._assert_terminated(await drain(contract_executor.execute(contract_unit_factory())))
+
+    async def test_reusable_for_sequential_runs(
+        self, contract_executor: Executor, contract_unit_factory: Callable[[], Unit]
+    ) -> None:
+        for _ in range(2):
+            self._assert_terminated(await drain(contract_executor.execute(contract_unit_factory())))
+
+    async def test_concurrent_runs(
+        self, contract_executor: Executor, contract_unit_factory: Callable[[], Unit]
+    ) -> None:
+        first, second = await asyncio.gather(
+            drain(contract_executor.execute(contract_unit_factory())),
+            drain(contract_executor.execute(contract_unit_factory())),
+        )
+        self._assert_terminated(first)
+        self._assert_terminated(second)
+
+    async def test_consumer_cancellation(
+        self, contract_executor: Executor, contract_unit_factory: Callable[[], Unit]
+    ) -> None:
+        stream = contract_executor.execute(contract_unit_factory())
+        await asyncio.wait_for(stream.__anext__(), timeout=10)
+        await asyncio.wait_for(stream.aclose(), timeout=10)  # type: ignore[attr-defined]
+
+    def test_execute_takes_exactly_one_parameter(self, contract_executor: Executor) -> None:
+        params = [p for p in inspect.signature(contract_executor.execute).parameters.values()]
+        assert len(params) == 1
+
+
+class TestCreateOSExecutorContract(ExecutorContract):
+    @pytest.fixture
+    def contract_executor(self, executor: CreateOSExecutor) -> Executor:
+        return executor
+
+    @pytest.fixture
+    def contract_unit_factory(self, unit_factory: Callable[[], Unit]) -> Callable[[], Unit]:
+        return unit_factory
+
+    async def test_outputs_are_the_run_outputs(self, contract_executor: Executor) -> None:
+        from lfx.graph.schema import RunOutputs
+
+        from .conftest import chat_unit
+
+        items = await drain(contract_executor.execute(chat_unit("contract")))
+        outputs = items[-1].outputs
+        assert len(outputs) == 1 and isinstance(outputs[0], RunOutputs)
+        assert outputs[0].outputs[0].results["message"].text == "contract"
