@@ -123,9 +123,9 @@ class CreateOSSandboxComponent(Component):
 
     def _request(self) -> sandbox_run.RunRequest:
         timeout = sandbox_run.check_timeout(self.timeout_seconds)
-        command = (self.command or "").strip()
+        command = self._verbatim("command", self.command or "").strip()
         code = self.python_code
-        code = getattr(code, "text", code) or ""
+        code = self._verbatim("python_code", str(getattr(code, "text", code) or ""))
         mode: Literal["python", "command"] = "command" if command else "python"
         session = (self.session_mode or "off").strip().lower()
         if session not in ("off", "flow"):
@@ -144,6 +144,21 @@ class CreateOSSandboxComponent(Component):
             flow_id=str(flow_id or "noflow"),
             component_id=str(self._id),
         )
+
+    def _verbatim(self, name: str, value: str) -> str:
+        """The field as typed on the canvas. lfx turns every backslash-n of a text field into a
+        newline before the component sees it, which breaks `print("a\\nb")`; when the value is
+        exactly that conversion of the flow's stored value, the stored value is the program."""
+        vertex = getattr(self, "_vertex", None)
+        if vertex is None or self.get_incoming_edge_by_target_param(name):
+            return value
+        field = ((vertex.data or {}).get("node") or {}).get("template", {}).get(name)
+        if not isinstance(field, dict) or field.get("load_from_db"):
+            return value
+        raw = field.get("value")
+        if isinstance(raw, str) and raw != value and raw.replace("\\n", "\n") == value:
+            return raw
+        return value
 
     def _execute(self) -> sandbox_run.RunOutcome:
         request = self._request()

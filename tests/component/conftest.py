@@ -1,0 +1,117 @@
+"""Fixtures for the CreateOS Sandbox component: the class as lfx's extension loader loads it,
+a clean settings environment pointed at createos-local, and a helper that runs the component
+inside a real lfx Graph the way Langflow runs a flow (a new graph per run)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lfx.extension.loader import load_extension
+from lfx.graph.graph.base import Graph
+
+import langflow_sandbox_createos
+from langflow_sandbox_createos import runtime
+from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.local.testing import LocalControlPlane
+
+PACKAGE_DIR = Path(langflow_sandbox_createos.__file__).resolve().parent
+REUSE_PREFIX = sandbox_run.NAME_PREFIX
+
+# Every variable the component reads, so a developer's shell cannot leak into a test.
+COMPONENT_VARS = (
+    "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS",
+    "CREATEOS_API_KEY",
+    "CREATEOS_SANDBOX_ROOTFS",
+    "CREATEOS_SANDBOX_SHAPE",
+    "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
+)
+
+
+@pytest.fixture(scope="session")
+def component_cls() -> type:
+    """The component class exactly as Langflow gets it: loaded file by file by lfx."""
+    result = load_extension(PACKAGE_DIR)
+    assert result.errors == [], result.errors
+    found = [c.klass for c in result.components if c.klass.display_name == "CreateOS Sandbox"]
+    assert len(found) == 1, result.components
+    return found[0]
+
+
+@pytest.fixture
+def env(
+    cp: LocalControlPlane, createos_env: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> LocalControlPlane:
+    for name in COMPONENT_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
+    sandbox_run.guest_ids.clear()
+    return cp
+
+
+@pytest.fixture
+def reuse_env(env: LocalControlPlane) -> Iterator[LocalControlPlane]:
+    """`env`, plus deletion of the reused `lf-c-` guests the test created."""
+    before = {sb["id"] for sb in env.live_sandboxes()}
+    yield env
+    for sb in env.live_sandboxes():
+        if sb["id"] not in before and sb["status"] != "destroying":
+            env.delete_sandbox(sb["id"])
+    sandbox_run.guest_ids.clear()
+    assert env.wait_until_no_live(timeout=10.0) == []
+
+
+def client() -> Any:
+    return runtime.endpoints.get().client
+
+
+@dataclass
+class FlowRun:
+    results: dict[str, Any]
+    files: Any  # lfx DataFrame
+    component: Any
+    seconds: float
+
+
+def run_flow(
+    component_cls: type,
+    *,
+    flow_id: str = "flow-test",
+    component_id: str = "CreateOSSandbox-t0001",
+    **params: Any,
+) -> FlowRun:
+    """One flow run: a fresh component instance in a fresh Graph, as Langflow builds them."""
+    component = component_cls(_id=component_id, **params)
+    graph = Graph(component, component, flow_id=flow_id)
+
+    async def go() -> None:
+        async for _ in graph.async_start():
+            pass
+
+    started = time.monotonic()
+    asyncio.run(go())
+    seconds = time.monotonic() - started
+    vertex = graph.get_vertex(component_id)
+    return FlowRun(vertex.results["results"].data, vertex.results["files"], component, seconds)
+
+
+def live_ids(plane: LocalControlPlane) -> set[str]:
+    return {sb["id"] for sb in plane.live_sandboxes()}
+
+
+def all_ids(plane: LocalControlPlane) -> set[str]:
+    return {sb["id"] for sb in plane.sandboxes()}
+
+
+def wait_status(sandbox_id: str, status: str, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        record = client().get(sandbox_id)
+        if record["status"] == status or time.monotonic() > deadline:
+            return record
+        time.sleep(0.05)
