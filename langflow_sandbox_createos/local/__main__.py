@@ -55,6 +55,15 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME=PATH",
         help="serve rootfs NAME with directory PATH as the guest's / (repeatable)",
     )
+    p.add_argument(
+        "--max-file-bytes", type=int, default=500 * 1024 * 1024, help="upload size cap (default 500 MiB)"
+    )
+    p.add_argument(
+        "--max-exec-output-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="per-stream cap of a buffered exec's stdout/stderr (default 64 MiB)",
+    )
     p.add_argument("--max-sandboxes", type=int, default=1000, help="live sandboxes before create answers 403")
     p.add_argument(
         "--auto-pause-unit-ms",
@@ -91,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         isolation=not args.no_isolation,
         rootfs=dict(args.rootfs),
         max_sandboxes=args.max_sandboxes,
+        max_file_bytes=args.max_file_bytes,
+        max_exec_output_bytes=args.max_exec_output_bytes,
         auto_pause_unit_ms=args.auto_pause_unit_ms,
         unique_names=not args.allow_duplicate_names,
         memory_limits=not args.no_memory_limit,

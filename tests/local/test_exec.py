@@ -90,7 +90,7 @@ def test_guest_python_is_the_server_interpreter_with_lfx(
 
 
 def test_guest_tools_available(client: httpx.Client, sandbox: dict[str, Any]) -> None:
-    script = "mkdir -p d && echo hi > d/f && tar -czf /tmp/x.tar.gz -C d . && tar -tzf /tmp/x.tar.gz; timeout 1 true"
+    script = "mkdir -p d && echo hi > d/f && tar -czf /tmp/x.tgz -C d . && tar -tzf /tmp/x.tgz; timeout 1 :"
     result = sh(client, sandbox["id"], script)
     assert result["exit_code"] == 0 and "./f" in result["stdout"]
 
@@ -192,13 +192,16 @@ def test_memory_limit_of_the_shape_is_enforced(
 
 
 def test_buffered_output_is_capped(tmp_path: Any) -> None:
-    with LocalControlPlane(extra_args=[]) as plane, make_client(plane) as c:
+    with (
+        LocalControlPlane(extra_args=["--max-exec-output-bytes", "1048576"]) as plane,
+        make_client(plane) as c,
+    ):
         for make in sandbox_factory_for(c):
             sb = make()
-            # 70 MiB exceeds the 64 MiB buffered cap
-            result = sh(c, sb["id"], "head -c 73400320 /dev/zero | tr '\\0' a")
-            assert len(result["stdout"]) == 64 * 1024 * 1024
-            assert "stdout truncated" in result["stderr"]
+            result = sh(c, sb["id"], "head -c 3000000 /dev/zero | tr '\\0' a; echo err >&2")
+            assert result["stdout"] == "a" * 1048576
+            assert result["stderr"].startswith("err\n") and "stdout truncated" in result["stderr"]
+            assert result["exit_code"] == 0
 
 
 # -- heartbeats and big outputs ----------------------------------------------------------

@@ -175,7 +175,7 @@ def test_create_shows_creating_while_booting(
 ) -> None:
     import threading
 
-    c, make = slow
+    _c, make = slow
     result: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: result.update(make(name="booting")))
     thread.start()

@@ -1,0 +1,89 @@
+"""The files API: raw uploads and downloads, path rules, limits and symlink containment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+from cp_helpers import data, failure, make_client, sandbox_factory_for, sh
+
+from langflow_sandbox_createos.local.testing import LocalControlPlane
+
+
+def files_url(sandbox: dict[str, Any]) -> str:
+    return f"/v1/sandboxes/{sandbox['id']}/files"
+
+
+def test_upload_then_download_round_trip(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    payload = bytes(range(256)) * 1000
+    path = "/workspace/deep/new/dir/blob.bin"
+    put = client.put(
+        files_url(sandbox),
+        params={"path": path},
+        content=payload,
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    data(put)
+    got = client.get(files_url(sandbox), params={"path": path})
+    assert got.status_code == 200
+    assert got.content == payload
+    assert got.headers["content-length"] == str(len(payload))
+    assert got.headers["x-request-id"]
+    # the guest sees the same bytes, and an overwrite replaces them
+    assert sh(client, sandbox["id"], f"wc -c < {path}")["stdout"].strip() == "256000"
+    data(client.put(files_url(sandbox), params={"path": path}, content=b"short"))
+    assert client.get(files_url(sandbox), params={"path": path}).content == b"short"
+
+
+def test_tmp_is_served_and_guest_written_files_download(
+    client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    sh(client, sandbox["id"], "mkdir -p src && echo hi > src/a && tar -czf /tmp/o.tgz -C src .")
+    got = client.get(files_url(sandbox), params={"path": "/tmp/o.tgz"})
+    assert got.status_code == 200 and got.content[:2] == b"\x1f\x8b"
+    data(client.put(files_url(sandbox), params={"path": "/tmp/in.txt"}, content=b"to-guest"))
+    assert sh(client, sandbox["id"], "cat /tmp/in.txt")["stdout"] == "to-guest"
+
+
+def test_path_rules(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    url = files_url(sandbox)
+    assert "path" in failure(client.put(url, params={"path": "relative/x"}, content=b"x"), 400)
+    assert "path" in failure(client.get(url, params={"path": "relative/x"}), 400)
+    assert failure(client.put(url, content=b"x"), 400)  # no path at all
+    assert failure(client.put(url, params={"path": "/etc/passwd"}, content=b"x"), 400)
+    assert failure(client.put(url, params={"path": "/workspace"}, content=b"x"), 400)
+    assert failure(client.get(url, params={"path": "/workspace/missing.txt"}), 404)
+    assert failure(client.get("/v1/sandboxes/sb-missing/files", params={"path": "/workspace/x"}), 404)
+    # '..' cannot climb out of the sandbox
+    assert failure(client.put(url, params={"path": "/workspace/../../../../etc/evil"}, content=b"x"), 400)
+
+
+def test_symlinks_cannot_leave_the_sandbox(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    sid = sandbox["id"]
+    sh(client, sid, "ln -s /etc /workspace/etc-link; ln -s /etc/hostname /workspace/host-file")
+    assert failure(
+        client.put(files_url(sandbox), params={"path": "/workspace/etc-link/pwned"}, content=b"x"), 400
+    )
+    assert not os.path.exists("/etc/pwned")
+    assert failure(client.get(files_url(sandbox), params={"path": "/workspace/host-file"}), 404)
+
+
+def test_upload_cap_is_enforced() -> None:
+    with LocalControlPlane(extra_args=["--max-file-bytes", "1048576"]) as plane, make_client(plane) as c:
+        for make in sandbox_factory_for(c):
+            sb = make()
+            url = files_url(sb)
+            data(c.put(url, params={"path": "/workspace/ok"}, content=b"x" * 1048576))
+
+            def chunks() -> Iterator[bytes]:
+                for _ in range(40):
+                    yield b"y" * 65536
+
+            streamed = c.put(url, params={"path": "/workspace/big"}, content=chunks())
+            assert failure(streamed, 413)["code"] == "file_too_large"
+            declared = c.put(url, params={"path": "/workspace/big"}, content=b"z" * 1048577)
+            assert failure(declared, 413)["code"] == "file_too_large"
+            assert failure(c.get(url, params={"path": "/workspace/big"}), 404)
+            assert os.listdir(plane.state_dir / "sandboxes" / sb["id"] / "workspace") == ["ok"]

@@ -1,0 +1,133 @@
+"""Guests are isolated from the host network (unless egress allows all), from each other and
+from the server's state, and can tell which sandbox they run in."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from cp_helpers import SandboxFactory, data, sh
+
+from langflow_sandbox_createos.local.testing import LocalControlPlane
+
+FETCH = (
+    "import sys, urllib.request\n"
+    "try:\n"
+    "    print(urllib.request.urlopen(sys.argv[1], timeout=3).read().decode())\n"
+    "except Exception as exc:\n"
+    "    print('unreachable', type(exc).__name__)\n"
+    "    sys.exit(3)\n"
+)
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"hello-from-host"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def host_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def fetch(c: httpx.Client, sandbox_id: str, url: str) -> dict[str, Any]:
+    body = {"cmd": "python3", "args": ["-c", FETCH, url]}
+    return data(c.post(f"/v1/sandboxes/{sandbox_id}/exec", json=body))["result"]
+
+
+def test_deny_egress_cannot_reach_host_loopback(
+    client: httpx.Client, sandbox_factory: SandboxFactory, host_server: str
+) -> None:
+    locked = sandbox_factory(egress=["240.0.0.0/4"])
+    result = fetch(client, locked["id"], host_server)
+    assert result["exit_code"] == 3 and "unreachable" in result["stdout"], result
+
+
+def test_allow_all_egress_reaches_host_loopback(
+    client: httpx.Client, sandbox_factory: SandboxFactory, host_server: str
+) -> None:
+    for egress in (None, [], ["*"]):
+        fields = {} if egress is None else {"egress": egress}
+        open_sb = sandbox_factory(**fields)
+        result = fetch(client, open_sb["id"], host_server)
+        assert result["stdout"].strip() == "hello-from-host", (egress, result)
+
+
+def test_egress_put_applies_to_the_next_exec(
+    client: httpx.Client, sandbox_factory: SandboxFactory, host_server: str
+) -> None:
+    sb = sandbox_factory()
+    assert fetch(client, sb["id"], host_server)["exit_code"] == 0
+    data(client.put(f"/v1/sandboxes/{sb['id']}/egress", json={"egress": ["10.0.0.0/8"]}))
+    assert fetch(client, sb["id"], host_server)["exit_code"] == 3
+
+
+def test_guests_cannot_see_each_other_or_server_state(
+    client: httpx.Client, cp: LocalControlPlane, sandbox_factory: SandboxFactory
+) -> None:
+    a, b = sandbox_factory(), sandbox_factory()
+    sh(client, a["id"], "echo secret-a > /workspace/secret; echo tmp-a > /tmp/secret")
+    state = str(cp.state_dir)
+    probe = (
+        "ls -A /workspace /tmp; "
+        f"ls -A {state} 2>&1; cat {state}/sandboxes/{a['id']}/workspace/secret 2>&1; "
+        f"find / -xdev -name secret 2>/dev/null | head; grep -rl secret-a /workspace /tmp 2>/dev/null; true"
+    )
+    seen = sh(client, b["id"], probe)
+    assert "secret-a" not in seen["stdout"] and "tmp-a" not in seen["stdout"]
+    assert "secret" not in seen["stdout"].split(f"{state}/sandboxes")[0].split()
+    assert sh(client, a["id"], "cat /workspace/secret")["stdout"] == "secret-a\n"
+    # the server's own credentials are nowhere in the guest's process environment
+    assert (
+        cp.api_key
+        not in sh(client, b["id"], "cat /proc/1/environ /proc/self/environ | tr '\\0' '\\n'")["stdout"]
+    )
+
+
+def test_guest_knows_its_identity(client: httpx.Client, sandbox_factory: SandboxFactory) -> None:
+    named = sandbox_factory(name="who-am-i")
+    out = sh(client, named["id"], "hostname; echo $CREATEOS_SANDBOX_ID $CREATEOS_SANDBOX_NAME")["stdout"]
+    assert out == f"who-am-i\n{named['id']} who-am-i\n"
+
+
+def test_guest_has_its_own_pid_namespace_and_readonly_root(
+    client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    result = sh(client, sandbox["id"], "ls /proc | grep -c '^[0-9]'; touch /usr/evil 2>/dev/null || echo ro")
+    count, ro = result["stdout"].split()
+    assert int(count) < 10
+    assert ro == "ro"
+
+
+def test_no_guest_process_outlives_its_exec(
+    client: httpx.Client, cp: LocalControlPlane, sandbox: dict[str, Any]
+) -> None:
+    sh(client, sandbox["id"], "(sleep 4343.5 &) ; echo started")
+    import os
+
+    leftovers = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"4343.5" in f.read():
+                    leftovers.append(pid)
+        except OSError:
+            pass
+    assert leftovers == []
+    assert cp.stats()["guest_processes"] == 0
