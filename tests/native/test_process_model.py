@@ -1,0 +1,82 @@
+"""Fork safety and Ctrl-C: the two ways a process model can break a native client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from langflow_sandbox_createos import _createos
+from langflow_sandbox_createos.local.testing import LocalControlPlane
+
+
+def test_fork_while_threads_are_mid_request(client: _createos.Client, sandbox: dict,
+                                            cp: LocalControlPlane) -> None:
+    sid = sandbox["id"]
+    client.whoami()  # the engine and its connections exist before the fork
+    results: list[str] = []
+    errors: list[BaseException] = []
+    started = threading.Barrier(5)
+
+    def busy(n: int) -> None:
+        try:
+            started.wait()
+            r = client.exec(sid, "bash", ["-c", f"sleep 0.8; echo parent-{n}"], timeout=30)
+            results.append(r.stdout)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=busy, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    started.wait()
+    time.sleep(0.3)  # the four execs are in flight on inherited sockets
+    pid = os.fork()
+    if pid == 0:  # child: must work, without touching the parent's connections
+        code = 1
+        try:
+            ok = client.whoami()["user_id"] == "local-user"
+            r = client.exec(sid, "echo", ["child"], timeout=20)
+            code = 0 if ok and r.stdout == "child\n" and r.streamed else 2
+        except BaseException:  # noqa: BLE001
+            code = 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    for t in threads:
+        t.join()
+    assert os.WEXITSTATUS(status) == 0
+    assert errors == []
+    assert sorted(results) == [f"parent-{n}\n" for n in range(4)]
+    assert client.whoami()["user_id"] == "local-user"  # parent's engine unharmed
+
+
+def test_keyboard_interrupt_during_long_exec(client: _createos.Client, sandbox: dict) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals are delivered to the main thread only")
+    timer = threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGINT))
+    t0 = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        client.exec(sandbox["id"], "sleep", ["30"], timeout=60)
+    elapsed = time.monotonic() - t0
+    timer.join()
+    assert elapsed < 1.5, elapsed
+    assert client.exec(sandbox["id"], "echo", ["after"], timeout=10).stdout == "after\n"
+    assert client.stats()["cancelled"] >= 1
+
+
+def test_keyboard_interrupt_during_run_program_still_deletes(client: _createos.Client,
+                                                             cp: LocalControlPlane) -> None:
+    timer = threading.Timer(0.7, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        client.run_program({"shape": "s-1vcpu-256mb"}, "sleep", ["30"], timeout=60)
+    assert time.monotonic() - t0 < 1.7
+    timer.join()
+    outcomes = client.drain_deletes(timeout=10)
+    assert len(outcomes) == 1 and outcomes[0][1] == 200
