@@ -201,11 +201,14 @@ class FaultSet:
         return fired
 
 
-def abort_connection(scope: Scope) -> bool:
-    """Drop the TCP connection with a RST, without any response."""
+def abort_connection(scope: Scope, graceful: bool = False) -> bool:
+    """Drop the TCP connection: with a RST, or (``graceful``) a FIN after what was already sent."""
     transport = scope.get("extensions", {}).get(TRANSPORT_KEY)
     if transport is None:
         return False
+    if graceful:
+        transport.close()
+        return True
     sock = transport.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):
@@ -262,8 +265,7 @@ class FaultMiddleware:
             headers.append((b"content-length", str(len(body) + 1024).encode()))
             await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
-            await asyncio.sleep(0.05)
-            if not abort_connection(scope):
+            if not abort_connection(scope, graceful=True):
                 raise ConnectionResetError("injected truncation")
             return
         headers.append((b"content-length", str(len(body)).encode()))
