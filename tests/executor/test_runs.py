@@ -1,0 +1,178 @@
+"""Whole flows on createos-local guests: live events, framing, env forwarding and every
+failure the executor must name. Real lfx on both sides; the devbox:1 guest runs this venv."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from lfx.execution.types import RunComplete, StepResult, Unit
+from lfx.schema.schema import InputValueRequest
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+
+from langflow_sandbox_createos.executor import CreateOSExecutor
+from langflow_sandbox_createos.executor_protocol import GuestStatus, RemoteVertexResult
+
+from .conftest import chat_graph, drain, middle_graph
+from .flow_components.env_reader import EnvReader
+from .flow_components.forger import Forger
+from .flow_components.needs_module import NeedsModule
+from .flow_components.sleeper import Sleeper
+from .flow_components.slow_echo import SlowEcho
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
+
+
+def _unit(graph: Any, text: str = "hi", **options: Any) -> Unit:
+    return Unit(
+        graph=graph, runtime_options={"initial_inputs": InputValueRequest(input_value=text), **options}
+    )
+
+
+def _vertex_ids(items: list[Any]) -> list[str]:
+    return [
+        i.payload.vertex.id
+        for i in items
+        if isinstance(i, StepResult) and isinstance(i.payload, RemoteVertexResult)
+    ]
+
+
+def _text(items: list[Any]) -> str:
+    final = items[-1]
+    assert isinstance(final, RunComplete)
+    return final.outputs[0].outputs[0].results["message"].text
+
+
+def _requests(cp: Any) -> dict[str, int]:
+    return dict(cp.stats()["requests"])
+
+
+async def test_vertex_events_arrive_live(executor: CreateOSExecutor, executor_env: Any) -> None:
+    before = _requests(executor_env)
+    arrivals: list[tuple[float, Any]] = []
+    async for item in executor.execute(_unit(middle_graph(SlowEcho, "echo"))):
+        arrivals.append((time.monotonic(), item))
+    items = [item for _, item in arrivals]
+    assert _vertex_ids(items) == ["chat-in", "middle", "chat-out"]
+    assert _text(items) == "slow:hi"
+    first_vertex_at = next(
+        t for t, i in arrivals if isinstance(getattr(i, "payload", None), RemoteVertexResult)
+    )
+    # chat-in's event is in hand while the middle vertex still sleeps its 3 s in the guest
+    assert arrivals[-1][0] - first_vertex_at >= 2.5
+    assert isinstance(items[0].payload, GuestStatus) and items[0].payload.lfx_version
+    # one guest, one exec, no file upload: the runner and spec travel on stdin
+    after = _requests(executor_env)
+    delta = {
+        k: after.get(k, 0) - before.get(k, 0)
+        for k in ("create", "exec_stream", "exec", "files_put", "delete")
+    }
+    assert delta == {"create": 1, "exec_stream": 1, "exec": 0, "files_put": 0, "delete": 1}
+
+
+async def test_forged_frames_and_scalars_change_nothing(executor: CreateOSExecutor) -> None:
+    items = await drain(executor.execute(_unit(middle_graph(Forger, "forge"))))
+    assert _vertex_ids(items) == ["chat-in", "middle", "chat-out"]
+    assert _text(items) == "kept:hi"
+    assert sum(isinstance(i, RunComplete) for i in items) == 1
+
+
+async def test_only_allowlisted_env_reaches_the_guest(
+    executor: CreateOSExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXECUTOR_TEST_FORWARDED", "yes-forwarded")
+    monkeypatch.setenv("EXECUTOR_TEST_NOT_FORWARDED", "must-not-cross")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_ENV", "EXECUTOR_TEST_FORWARDED")
+    seen = json.loads(_text(await drain(executor.execute(_unit(middle_graph(EnvReader, "read"))))))
+    assert seen == {
+        "EXECUTOR_TEST_FORWARDED": "yes-forwarded",
+        "EXECUTOR_TEST_NOT_FORWARDED": None,
+        "CREATEOS_SANDBOX_API_KEY": None,
+    }
+
+
+async def test_missing_component_module_is_named(executor: CreateOSExecutor) -> None:
+    with pytest.raises(SandboxExecutionError) as info:
+        await drain(executor.execute(_unit(middle_graph(NeedsModule, "run_it"))))
+    message = str(info.value)
+    assert "createos_test_absent_module_xyz" in message
+    assert "CREATEOS_EXECUTOR_ROOTFS" in message
+
+
+def _guest_without_lfx(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The guest's PATH comes from the allowlisted env, so python3 is the system one, without lfx.
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_ENV", "PATH")
+
+
+async def test_guest_without_lfx_points_at_the_rootfs(
+    executor: CreateOSExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _guest_without_lfx(monkeypatch)
+    with pytest.raises(SandboxUnavailableError) as info:
+        await drain(executor.execute(_unit(chat_graph())))
+    assert "no importable lfx" in str(info.value)
+    assert "CREATEOS_EXECUTOR_ROOTFS" in str(info.value)
+
+
+async def test_failed_install_is_reported_as_a_failed_install(
+    executor: CreateOSExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _guest_without_lfx(monkeypatch)
+    monkeypatch.setenv("CREATEOS_EXECUTOR_INSTALL_LFX", "true")
+    # --no-index keeps pip offline, so it fails at once and the same way every time.
+    monkeypatch.setenv("CREATEOS_EXECUTOR_PIP", "--no-index some-package-that-does-not-exist-xyz")
+    started = time.monotonic()
+    with pytest.raises(SandboxExecutionError) as info:
+        await drain(executor.execute(_unit(chat_graph())))
+    message = str(info.value)
+    assert "install (CREATEOS_EXECUTOR_INSTALL_LFX) failed: pip exited" in message
+    assert "some-package-that-does-not-exist-xyz" in message
+    assert "No matching distribution" in message or "Could not find a version" in message
+    assert time.monotonic() - started < 60
+
+
+async def test_timeout_is_reported_as_a_timeout(
+    executor: CreateOSExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "4")
+    started = time.monotonic()
+    with pytest.raises(SandboxExecutionError) as info:
+        await drain(executor.execute(_unit(middle_graph(Sleeper, "nap"))))
+    assert "timed out" in str(info.value)
+    assert "CREATEOS_EXECUTOR_TIMEOUT_SECONDS" in str(info.value)
+    assert time.monotonic() - started < 30
+
+
+async def test_early_close_deletes_the_guest_quickly(executor: CreateOSExecutor, executor_env: Any) -> None:
+    stream = executor.execute(_unit(middle_graph(Sleeper, "nap")))
+    async for item in stream:
+        if isinstance(item.payload, RemoteVertexResult):
+            break  # chat-in is done; the sleeper is running in the guest
+    assert executor_env.live_sandboxes(), "the guest should still be running"
+    started = time.monotonic()
+    await stream.aclose()
+    assert time.monotonic() - started < 5
+    assert executor_env.wait_until_no_live(timeout=5.0) == []
+
+
+async def test_legacy_arun_inputs_and_output_selection(executor: CreateOSExecutor) -> None:
+    """Graph.arun's shape: inputs on the unit, outputs picked by id, host-only options dropped."""
+    unit = Unit(
+        graph=chat_graph(),
+        inputs=[{"input_value": "first"}, {"input_value": "second"}],
+        runtime_options={
+            "outputs": ["chat-out"],
+            "session_id": "s1",
+            "event_manager": object(),
+            "_use_arun_legacy": True,
+            "fallback_to_env_vars": False,
+            "something_unknown": object(),
+        },
+    )
+    items = await drain(executor.execute(unit))
+    runs = items[-1].outputs
+    assert [r.inputs for r in runs] == [{"input_value": "first"}, {"input_value": "second"}]
+    assert [r.outputs[0].results["message"].text for r in runs] == ["first", "second"]
