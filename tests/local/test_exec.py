@@ -90,7 +90,8 @@ def test_guest_python_is_the_server_interpreter_with_lfx(
 
 
 def test_guest_tools_available(client: httpx.Client, sandbox: dict[str, Any]) -> None:
-    script = "mkdir -p d && echo hi > d/f && tar -czf /tmp/x.tgz -C d . && tar -tzf /tmp/x.tgz; timeout 1 :"
+    script = "mkdir -p d && echo hi > d/f && tar -czf /tmp/x.tgz -C d . && tar -tzf /tmp/x.tgz"
+    script += " && timeout 1 true && gzip --version >/dev/null"
     result = sh(client, sandbox["id"], script)
     assert result["exit_code"] == 0 and "./f" in result["stdout"]
 

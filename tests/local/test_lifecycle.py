@@ -53,7 +53,7 @@ def test_pause_freezes_a_running_guest(
     """A command running during pause stops making progress until resume."""
     sid = sandbox["id"]
     script = (
-        "i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo $i > /workspace/tick; sleep 0.01; done; echo done"
+        "i=0; while [ $i -lt 200 ]; do i=$((i+1)); echo $i > /workspace/tick; sleep 0.01; done; echo done"
     )
     with (
         make_client(cp) as streamer,
