@@ -193,13 +193,32 @@ static size_t json_escaped(const char *secret, char *out, size_t outcap, int esc
     return n;
 }
 
+/* Length of the longest run starting at s that occurs anywhere in v. */
+static size_t longest_piece(const char *s, size_t n, const char *v, size_t vlen)
+{
+    size_t best = 0, j, k;
+    for (j = 0; j < vlen; j++) {
+        if (v[j] != s[0])
+            continue;
+        for (k = 1; k < n && j + k < vlen && v[j + k] == s[k]; k++)
+            ;
+        if (k > best)
+            best = k;
+    }
+    return best;
+}
+
+/* A run this long copied from the key counts as the key: servers that reflect
+ * headers may cut them anywhere, and half a key is still a leak. */
+#define SECRET_PIECE_MIN 8
+
 void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
                   size_t maxchars)
 {
     static const char mark[] = "[redacted]";
-    char variants[3][512];
+    char variants[3][1100];
     size_t vlen[3] = {0, 0, 0};
-    size_t i = 0, o = 0, chars = 0;
+    size_t i = 0, o = 0, chars = 0, piece_min = 0;
     int cut = 0;
 
     if (dstcap < 16) {
@@ -207,18 +226,21 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
             dst[0] = '\0';
         return;
     }
-    if (secret != NULL && *secret != '\0' && strlen(secret) < 200) {
+    if (secret != NULL && *secret != '\0' && strlen(secret) < 512) {
         vlen[0] = strlen(secret);
         memcpy(variants[0], secret, vlen[0] + 1);
         vlen[1] = json_escaped(secret, variants[1], sizeof variants[1], 0);
         vlen[2] = json_escaped(secret, variants[2], sizeof variants[2], 1);
+        piece_min = vlen[0] < SECRET_PIECE_MIN ? vlen[0] : SECRET_PIECE_MIN;
     }
     while (i < srclen) {
         size_t v, matched = 0;
         unsigned char c;
-        for (v = 0; v < 3 && !matched; v++)
-            if (vlen[v] && srclen - i >= vlen[v] && memcmp(src + i, variants[v], vlen[v]) == 0)
-                matched = vlen[v];
+        for (v = 0; v < 3 && piece_min; v++) {
+            size_t m = vlen[v] ? longest_piece(src + i, srclen - i, variants[v], vlen[v]) : 0;
+            if (m >= piece_min && m > matched)
+                matched = m;
+        }
         if (chars >= maxchars) {
             cut = 1;
             break;
@@ -236,10 +258,22 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
         }
         c = (unsigned char)src[i];
         if (c >= 0x80) {
-            /* copy one whole UTF-8 sequence or nothing */
-            size_t seq = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-            if (seq > srclen - i)
-                seq = srclen - i;
+            /* copy one whole, well-formed UTF-8 sequence; a stray byte becomes '?'
+             * (and never swallows the ASCII after it) */
+            size_t seq = c >= 0xF8 ? 0 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0, k;
+            for (k = 1; k < seq; k++)
+                if (i + k >= srclen || ((unsigned char)src[i + k] & 0xC0) != 0x80)
+                    seq = 0;
+            if (seq == 0) {
+                if (o + 1 > dstcap - 4) {
+                    cut = 1;
+                    break;
+                }
+                dst[o++] = '?';
+                i++;
+                chars++;
+                continue;
+            }
             if (o + seq > dstcap - 4) {
                 cut = 1;
                 break;

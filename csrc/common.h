@@ -107,7 +107,8 @@ int cos_exec_out_add_error(cos_exec_out *x, const char *s, size_t n);
 int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len);
 
 /* Copy src into dst (NUL-terminated, at most dstcap-1 bytes), replacing every
- * occurrence of secret (raw or JSON-escaped) by "[redacted]", control
+ * run of 8 or more bytes that occurs in the secret (raw or JSON-escaped: a
+ * server may reflect it cut short) by "[redacted]", control
  * characters by spaces, and keeping at most maxchars characters (UTF-8 aware,
  * "..." appended when cut). The secret is removed before the cut, so a cut can
  * never expose a piece of it. */

@@ -1,0 +1,44 @@
+/* The buffered exec answer: envelope -> result fields -> capped output. */
+#include <jansson.h>
+#include <stdint.h>
+
+#include "envelope.h"
+#include "fuzz_common.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    cos_meta meta;
+    cos_err err;
+    cos_exec_out xo;
+    json_t *payload = NULL;
+    size_t cap;
+
+    if (size < 1)
+        return 0;
+    cap = data[0] * 3u; /* small caps make cuts likely */
+    data++;
+    size--;
+    memset(&meta, 0, sizeof meta);
+    meta.status = 200;
+    cos_err_clear(&err);
+    if (cos_exec_out_init(&xo, cap) != 0)
+        abort();
+    if (cos_envelope_parse("exec", &meta, (const char *)data, size, FUZZ_SECRET, &err, &payload) == 0) {
+        if (json_is_object(payload) && cos_exec_result_parse("exec", payload, &xo, &err) == 0) {
+            int s;
+            for (s = 0; s < 2; s++) {
+                if (xo.out[s].len > cap)
+                    abort();
+                /* jansson strings are valid UTF-8; a cut must keep them so */
+                if (!utf8_valid((const unsigned char *)xo.out[s].data, xo.out[s].len))
+                    abort();
+            }
+            if (xo.error && (xo.error_len > COS_ERROR_TEXT_MAX || strlen(xo.error) > xo.error_len))
+                abort();
+        }
+        json_decref(payload);
+    }
+    assert_no_secret(err.msg);
+    cos_exec_out_free(&xo);
+    return 0;
+}
