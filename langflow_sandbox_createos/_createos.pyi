@@ -2,7 +2,12 @@
 
 Every network wait releases the GIL. No Python code runs on the I/O thread:
 streamed output is handed to `on_output` on the calling thread, with the GIL
-held, between network waits.
+held, between network waits. See docs/native-client.md.
+
+Redaction: every server-supplied string put into an exception (message,
+request_id, code) has the API key removed, including any run of 8 or more
+characters copied from it (a server may reflect the header cut short), and
+control characters replaced; at most ~500 characters of server text are kept.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +62,25 @@ class ProtocolError(CreateOSError):
 
 @final
 class ExecResult:
+    """Immutable. Also constructible with keyword arguments (all optional), for
+    tests and fakes: ExecResult(stdout="", stderr="", exit_code=-1, error=None,
+    exec_ms=None, stdout_truncated=False, stderr_truncated=False, streamed=False,
+    sandbox_id=None, timed_out=False)."""
+
+    def __init__(
+        self,
+        *,
+        stdout: str = "",
+        stderr: str = "",
+        exit_code: int = -1,
+        error: str | None = None,
+        exec_ms: float | None = None,
+        stdout_truncated: bool = False,
+        stderr_truncated: bool = False,
+        streamed: bool = False,
+        sandbox_id: str | None = None,
+        timed_out: bool = False,
+    ) -> None: ...
     stdout: str
     stderr: str
     exit_code: int  # -1 when a stream ended without an exit frame
@@ -70,7 +94,20 @@ class ExecResult:
 
 @final
 class Client:
-    """Thread-safe client; share one per process and (base_url, api_key)."""
+    """Thread-safe client; share one per process and (base_url, api_key).
+
+    The constructor refuses (ConfigError, before any request) a base URL that is
+    not http(s), has user info, a query or a fragment, or is plain http:// to a
+    non-loopback host; and an API key that is empty, longer than 512 characters
+    or has whitespace, control or non-ASCII characters. `base_url` is the URL
+    normalised without its trailing slash (a path prefix is kept). TLS is always
+    verified; SSL_CERT_FILE / CURL_CA_BUNDLE (read at construction) name the CA
+    bundle. Redirects are refused (UnavailableError with the 3xx status).
+
+    Works after os.fork() in the child (the parent's connections and I/O thread
+    are abandoned, never closed). A closed client raises UnavailableError.
+    Usable as a context manager (close() on exit).
+    """
 
     base_url: str
     def __init__(
@@ -102,7 +139,10 @@ class Client:
     def upload(
         self, sandbox_id: str, path: str, data: bytes | None = None, *, file: str | PathLike[str] | None = None
     ) -> None: ...
-    def download(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes: ...
+    def download(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
+        """A 2xx Content-Length above max_bytes is refused before the body; a body
+        that passes max_bytes aborts the transfer. Both raise UnavailableError with
+        code "too_large" (status = the HTTP status)."""
     # exec
     def exec(
         self,
@@ -119,7 +159,21 @@ class Client:
     ) -> ExecResult:
         """Run a command. With stream=True the NDJSON stream is used (falling back
         to buffered exec when the server answers 404); output seen before the
-        deadline is kept and the result has timed_out=True instead of raising."""
+        deadline is kept and the result has timed_out=True instead of raising.
+
+        `timeout` is the whole deadline of the call. With no stream started (no
+        2xx status line yet) the deadline raises DeadlineError. A stream cut off
+        mid-way (connection reset/closed before EOF) raises ProtocolError; a
+        stream that ends cleanly without an exit frame gives exit_code -1.
+        stdout and stderr are each capped at max_output_bytes (cut on a UTF-8
+        boundary, *_truncated set); the rest of the stream is read and dropped, so
+        memory stays near the cap whatever the guest prints. A buffered (non
+        streaming) answer larger than 4 x max_output_bytes + 1 MiB (at least 64
+        MiB) cannot be parsed within the cap and raises ProtocolError.
+        on_output receives what arrived since the previous wait (at most every
+        ~100 ms, or as soon as output arrives), stdout before stderr within one
+        delivery; an exception from it (or KeyboardInterrupt) cancels the request
+        (closing its connection) and propagates."""
     def run_program(
         self,
         create: Mapping[str, Any],
@@ -138,11 +192,28 @@ class Client:
         warm guest) → upload `files` → streaming exec → delete. The delete is
         attempted on every path; with delete="background" it is queued on the
         I/O thread and its outcome is reported by drain_deletes(). Errors carry
-        `sandbox_id` when a guest was created."""
+        `sandbox_id` when a guest was created.
+
+        `create` is ignored when `sandbox_id` is given (the adopted guest is
+        deleted too). create and uploads use control_timeout; the exec uses
+        `timeout` (see exec). A synchronous delete that fails is queued once more
+        in the background (see drain_deletes); the result is still returned. On
+        KeyboardInterrupt or an exception from on_output the delete is queued in
+        the background, so the interrupt is not delayed."""
     def drain_deletes(self, timeout: float = 0.0) -> list[tuple[str, int | None, str | None]]:
         """Wait up to `timeout` for pending background deletes; return the outcomes
-        finished since the last call as (sandbox_id, http_status or None, error or None)."""
+        finished since the last call as (sandbox_id, http_status or None, error or None).
+        error is None when the guest is gone (2xx, or 404: already deleted). A
+        transient failure is retried once before it is reported."""
     def pending_deletes(self) -> int: ...
     def stats(self) -> dict[str, int]:
-        """Counters: requests, connections_opened, bytes_received, ..."""
-    def close(self) -> None: ...
+        """Counters since construction: requests, connections_opened (libcurl
+        CURLINFO_NUM_CONNECTS), bytes_received, bytes_sent, streams, fallbacks,
+        http_errors, transport_errors, timeouts, cancelled, deletes_queued,
+        deletes_done, deletes_failed, outcomes_dropped, pending_deletes."""
+    def close(self) -> None:
+        """Stop the I/O thread. In-flight calls of other threads fail with
+        UnavailableError; queued background deletes finish first (each bounded by
+        control_timeout). Idempotent."""
+    def __enter__(self) -> Client: ...
+    def __exit__(self, *exc_info: object) -> None: ...
