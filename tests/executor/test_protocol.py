@@ -1,0 +1,204 @@
+"""The run spec and the frame channel, without a guest: what crosses, what stays, and that the
+host only believes lines the runner authenticated."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from lfx.schema.schema import InputValueRequest
+
+from langflow_sandbox_createos.executor import CreateOSExecutor
+from langflow_sandbox_createos.executor_protocol import (
+    BOOTSTRAP,
+    FrameReader,
+    SpecError,
+    build_spec,
+    encode_frame,
+    inline_secrets,
+    new_token,
+    runner_source,
+)
+
+from .conftest import REPO, chat_graph
+
+FLOW = {"data": {"nodes": [], "edges": []}}
+
+
+def test_executor_shape() -> None:
+    executor = CreateOSExecutor()
+    assert CreateOSExecutor.kind == "createos"
+    assert vars(executor) == {}  # no per-run state on the shared instance
+
+
+def test_import_is_cheap_and_reads_no_settings() -> None:
+    # lfx.execution itself is already loaded by lfx's ExecutorService before any plugin;
+    # importing our module on top of it must pull in nothing but this package.
+    code = (
+        "import sys, lfx.execution, lfx.utils.sandbox.base; before = set(sys.modules);"
+        "import langflow_sandbox_createos.executor as m; m.CreateOSExecutor();"
+        "print(sorted(n for n in set(sys.modules) - before if not n.startswith('langflow_sandbox_createos')"
+        " or n == 'langflow_sandbox_createos._createos'))"
+    )
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(REPO),
+        "CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "not-a-number",  # would raise if read
+        "CREATEOS_SANDBOX_BASE_URL": "http://example.com",  # would be refused if read
+    }
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_inputs_come_from_the_unit_first() -> None:
+    spec, _ = build_spec(FLOW, [{"input_value": "a"}], {"initial_inputs": InputValueRequest(input_value="b")})
+    assert (spec["mode"], spec["inputs"]) == ("runs", [{"input_value": "a"}])
+
+
+def test_initial_inputs_when_the_unit_has_none() -> None:
+    spec, _ = build_spec(FLOW, [], {"initial_inputs": InputValueRequest(input_value="b")})
+    assert spec["mode"] == "start"
+    assert spec["inputs"][0]["input_value"] == "b"
+    bare, _ = build_spec(FLOW, [], {"initial_inputs": {"input_value": "c"}})
+    assert bare["inputs"] == [{"input_value": "c"}]
+
+
+def test_options_forwarded_dropped_and_ignored() -> None:
+    options: dict[str, Any] = {
+        "max_iterations": 7,
+        "config": {"output": {"cache": False}},
+        "reset_output_values": False,
+        "fallback_to_env_vars": True,
+        "outputs": ["x"],
+        "event_manager": object(),
+        "session_id": "s",
+        "open_flow_span": False,
+        "_use_arun_legacy": True,
+        "types": [object()],  # not JSON: dropped
+        "unknown_key": object(),  # unknown: ignored
+    }
+    spec, dropped = build_spec(FLOW, [], options)
+    assert spec["options"] == {
+        "max_iterations": 7,
+        "config": {"output": {"cache": False}},
+        "reset_output_values": False,
+        "fallback_to_env_vars": True,
+        "outputs": ["x"],
+    }
+    assert sorted(dropped) == ["_use_arun_legacy", "event_manager", "open_flow_span", "session_id", "types"]
+    json.dumps(spec)
+
+
+def test_graph_forms() -> None:
+    graph = chat_graph()
+    spec, _ = build_spec(graph, [], {})
+    assert [n["id"] for n in spec["graph"]["nodes"]] == ["chat-in", "chat-out"]
+    assert build_spec(json.dumps(graph.dump()), [], {})[0]["graph"] == spec["graph"]
+    assert build_spec(graph.dump()["data"], [], {})[0]["graph"] == spec["graph"]
+    with pytest.raises(SpecError):
+        build_spec(object(), [], {})
+    with pytest.raises(SpecError):
+        build_spec({"data": {"edges": []}}, [], {})
+
+
+def test_inline_secrets_are_named_not_shown() -> None:
+    payload = {
+        "nodes": [
+            {
+                "id": "llm",
+                "data": {
+                    "node": {
+                        "template": {
+                            "api_key": {"password": True, "value": "sk-secret"},
+                            "from_var": {"password": True, "load_from_db": True, "value": "OPENAI_API_KEY"},
+                        }
+                    }
+                },
+            }
+        ]
+    }
+    assert inline_secrets(payload) == ["llm.api_key"]
+
+
+def _reader(key: bytes) -> tuple[FrameReader, list[dict[str, Any]], list[str]]:
+    frames: list[dict[str, Any]] = []
+    plain: list[str] = []
+    return FrameReader(key=key, on_frame=frames.append, on_plain=plain.append), frames, plain
+
+
+def test_frames_survive_any_chunking() -> None:
+    key = os.urandom(32)
+    text = "".join(encode_frame(key, i, "vertex", id=f"v{i}", note="x" * 300) for i in range(5))
+    for size in (1, 7, 64, len(text)):
+        reader, frames, plain = _reader(key)
+        for at in range(0, len(text), size):
+            reader.feed(text[at : at + size])
+        reader.close()
+        assert [f["id"] for f in frames] == [f"v{i}" for i in range(5)] and plain == []
+
+
+def test_unauthenticated_lines_are_plain_output() -> None:
+    key = os.urandom(32)
+    reader, frames, plain = _reader(key)
+    other = os.urandom(32)
+    lines = [
+        "42",
+        "null",
+        '"text"',
+        "[1, 2]",
+        '{"t": "outputs", "runs": []}',
+        encode_frame(other, 0, "fatal", error="wrong key").rstrip("\n"),
+        encode_frame(key, 3, "fatal", error="wrong sequence").rstrip("\n"),
+        "LFXF1 0 short {}",
+        "LFXF1 garbage",
+    ]
+    reader.feed("\n".join(lines) + "\n")
+    reader.feed(encode_frame(key, 0, "done"))
+    assert frames == [{"t": "done"}]
+    assert plain == lines
+    # a replayed frame (same sequence number) is not accepted twice
+    reader.feed(encode_frame(key, 0, "done"))
+    assert frames == [{"t": "done"}]
+
+
+def test_runner_frames_are_accepted_by_the_host() -> None:
+    """The two halves agree: the real runner's Frames writes what FrameReader accepts."""
+    namespace: dict[str, Any] = {"__name__": "runner_under_test"}
+    exec(compile(runner_source(), "runner.py", "exec"), namespace)
+    key = os.urandom(32)
+    read_fd, write_fd = os.pipe()
+    try:
+        writer = namespace["Frames"](write_fd, key)
+        writer.emit("hello", python="3")
+        writer.emit("vertex", id="a", value=float("nan"))
+    finally:
+        os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        data = pipe.read()
+    reader, frames, plain = _reader(key)
+    reader.feed(data)
+    assert [f["t"] for f in frames] == ["hello", "vertex"] and plain == []
+
+
+def test_bootstrap_runs_the_runner_from_stdin_only() -> None:
+    """With a python lacking lfx, the runner still frames its answer; nothing is in argv or env."""
+    token = new_token()
+    document = json.dumps({"runner": runner_source(), "token": token, "spec": {"timeout": 30}})
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", BOOTSTRAP],  # -S: no site-packages, so no lfx
+        input=document,
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "")},
+        check=False,
+    )
+    reader, frames, _ = _reader(bytes.fromhex(token))
+    reader.feed(done.stdout)
+    assert [f["t"] for f in frames] == ["hello", "missing_lfx"]
+    assert done.returncode == 3
+    assert token not in done.stdout and token not in done.stderr
