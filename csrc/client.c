@@ -66,7 +66,7 @@ static PyObject *er_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
     int exit_code = -1, sot = 0, set = 0, streamed = 0, timed_out = 0;
     ExecResultObject *self;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$UUiOOppzOp", kw, &so, &se, &exit_code, &error,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$UUiOOpppOp", kw, &so, &se, &exit_code, &error,
                                      &exec_ms, &sot, &set, &streamed, &sid, &timed_out))
         return NULL;
     (void)sid;

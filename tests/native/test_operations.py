@@ -186,3 +186,13 @@ def test_repr_close_and_context_manager(cp: LocalControlPlane) -> None:
     with pytest.raises(_createos.UnavailableError, match="closed"):
         c.whoami()
     c.close()  # idempotent
+
+
+def test_exec_result_is_constructible_and_immutable() -> None:
+    r = _createos.ExecResult(stdout="a", exit_code=3, streamed=True, sandbox_id="sb-1")
+    assert (r.stdout, r.stderr, r.exit_code, r.error, r.streamed, r.sandbox_id, r.timed_out) == (
+        "a", "", 3, None, True, "sb-1", False,
+    )
+    with pytest.raises(AttributeError):
+        r.stdout = "b"  # type: ignore[misc]
+    assert "exit_code=3" in repr(r)
