@@ -78,7 +78,7 @@ class Plane:
         if self._auto_pause is not None:
             self._auto_pause.cancel()
         self.runner.kill_all()
-        await asyncio.to_thread(self.store.shutdown)
+        await self.store.shutdown()
         await asyncio.to_thread(self.cgroups.close)
 
     async def _auto_pause_loop(self) -> None:
@@ -91,7 +91,10 @@ class Plane:
                 limit = sb.auto_pause_after_seconds
                 if sb.status == "running" and limit and now - sb.last_activity >= limit * unit:
                     log.info("auto-pausing %s after %ss idle", sb.id, limit)
-                    self.store.pause(sb)
+                    try:
+                        self.store.pause(sb)
+                    except Exception:  # keep the clock running for the other sandboxes
+                        log.exception("auto-pause of %s failed", sb.id)
 
     def stats(self) -> dict[str, Any]:
         by_state: dict[str, int] = {}
@@ -118,8 +121,21 @@ class Plane:
 
 
 # -- request parsing ----------------------------------------------------------------------
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
 async def json_object(request: Request, required: bool = True) -> dict[str, Any]:
-    raw = await request.body()
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_JSON_BYTES:
+        raise ApiError(413, f"JSON body over {MAX_JSON_BYTES} bytes", "body_too_large")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_JSON_BYTES:
+            raise ApiError(413, f"JSON body over {MAX_JSON_BYTES} bytes", "body_too_large")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     if not raw.strip():
         if required:
             raise bad_request("request body must be a JSON object")

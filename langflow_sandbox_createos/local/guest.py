@@ -162,7 +162,9 @@ class GuestRunner:
         argv = [self.bwrap, "--unshare-all"]
         if egress_allows_all(req.egress):
             argv.append("--share-net")
-        argv += ["--die-with-parent", "--new-session", "--hostname", req.hostname]
+        # no --new-session: the launcher already runs in a session without a terminal, and
+        # keeping one process group lets SIGSTOP/SIGKILL of the group reach the command
+        argv += ["--die-with-parent", "--hostname", req.hostname]
         argv += self._root_binds(req.rootfs)
         if req.rootfs == Path("/"):
             argv += self._host_root_extras()

@@ -12,6 +12,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -257,7 +258,7 @@ class Store:
         if not frozen:
             for proc in sb.processes:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.proc.pid, 19)  # SIGSTOP
+                    os.killpg(proc.proc.pid, signal.SIGSTOP)
         sb.last_activity = time.monotonic()
 
     def _thaw(self, sb: Sandbox) -> None:
@@ -268,7 +269,7 @@ class Store:
         if not thawed:
             for proc in sb.processes:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.proc.pid, 18)  # SIGCONT
+                    os.killpg(proc.proc.pid, signal.SIGCONT)
 
     def destroy(self, sb: Sandbox) -> None:
         if sb.terminal:
@@ -278,34 +279,51 @@ class Store:
         inline = sb.status in ("paused", "error", "creating", "failed")
         sb.status = "destroying"
         if inline:
-            self._reclaim(sb)
+            self._kill(sb)
+            self._release(sb)
+            self._finish(sb)
             return
 
         async def run() -> None:
             delay = self.transition_delay()
             if delay > 0:
                 await asyncio.sleep(delay)
-            await asyncio.to_thread(self._reclaim, sb)
+            self._kill(sb)
+            await asyncio.to_thread(self._release, sb)
+            self._finish(sb)
 
         task = asyncio.create_task(run())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _reclaim(self, sb: Sandbox) -> None:
-        """Kill every guest process, free the cgroups and remove the files."""
+    @staticmethod
+    def _kill(sb: Sandbox) -> None:
+        """Kill every guest process (thawing frozen ones, which cannot die while frozen)."""
         for proc in list(sb.processes):
             proc.kill()
         sb.cgroups.kill_all()
+
+    @staticmethod
+    def _release(sb: Sandbox) -> None:
+        """Free the cgroups and remove the files (blocking: run it off the event loop)."""
         sb.cgroups.remove()
         shutil.rmtree(sb.layout.root, ignore_errors=True)
+
+    @staticmethod
+    def _finish(sb: Sandbox) -> None:
         sb.status = "destroyed"
         sb.destroyed_at = time.time()
 
-    def shutdown(self) -> None:
+    async def shutdown(self) -> None:
+        for task in self._background:
+            task.cancel()
+        doomed = []
         for sb in self.rows.values():
             if sb.transition is not None:
                 sb.transition.cancel()
             if not sb.terminal:
-                self._reclaim(sb)
-        for task in self._background:
-            task.cancel()
+                self._kill(sb)
+                doomed.append(sb)
+        await asyncio.to_thread(lambda: [self._release(sb) for sb in doomed])
+        for sb in doomed:
+            self._finish(sb)

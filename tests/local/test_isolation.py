@@ -6,11 +6,12 @@ from __future__ import annotations
 import http.server
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from cp_helpers import SandboxFactory, data, sh
+from cp_helpers import SandboxFactory, data, make_client, sandbox_factory_for, sh
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
@@ -131,3 +132,36 @@ def test_no_guest_process_outlives_its_exec(
             pass
     assert leftovers == []
     assert cp.stats()["guest_processes"] == 0
+
+
+def _tiny_rootfs(root: Path) -> None:
+    """A rootfs with nothing but dash and the libraries it links against."""
+    import shutil
+    import subprocess
+
+    (root / "bin").mkdir(parents=True)
+    (root / "etc").mkdir()
+    shutil.copy2("/usr/bin/dash", root / "bin" / "sh")
+    libs = subprocess.run(["ldd", "/usr/bin/dash"], capture_output=True, text=True, check=True).stdout
+    for token in libs.split():
+        if token.startswith("/"):
+            target = root / token.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(token, target)
+    (root / "etc" / "tiny-release").write_text("tiny 1\n")
+
+
+def test_custom_rootfs_is_the_guest_root(tmp_path: Path) -> None:
+    rootfs = tmp_path / "tiny"
+    _tiny_rootfs(rootfs)
+    with LocalControlPlane(extra_args=["--rootfs", f"tiny:1={rootfs}"]) as plane, make_client(plane) as c:
+        assert "tiny:1" in data(c.get("/v1/rootfs"))["rootfs"]
+        for make in sandbox_factory_for(c):
+            sb = make(rootfs="tiny:1")
+            assert sb["rootfs"] == "tiny:1"
+            result = sh(
+                c, sb["id"], "read line < /etc/tiny-release; echo $line; echo x > /workspace/w && echo ok"
+            )
+            assert result["stdout"] == "tiny 1\nok\n", result
+            missing = data(c.post(f"/v1/sandboxes/{sb['id']}/exec", json={"cmd": "python3"}))["result"]
+            assert missing["exit_code"] == 0 and "python3" in missing["error"]
