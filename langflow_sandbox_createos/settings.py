@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -57,7 +58,9 @@ def parse_bool(name: str, default: bool, environ: Mapping[str, str] | None = Non
         return True
     if lowered in _FALSE:
         return False
-    raise SettingsError(f"{name}={value!r} is not a boolean. Use true or false (also accepted: 1/0, yes/no, on/off).")
+    raise SettingsError(
+        f"{name}={value!r} is not a boolean. Use true or false (also accepted: 1/0, yes/no, on/off)."
+    )
 
 
 def parse_int(
@@ -74,11 +77,17 @@ def parse_int(
     try:
         number = int(value, 10)
     except ValueError:
-        raise SettingsError(f"{name}={value!r} is not a whole number. Set it to an integer such as {default}.") from None
+        raise SettingsError(
+            f"{name}={value!r} is not a whole number. Set it to an integer such as {default}."
+        ) from None
     if minimum is not None and number < minimum:
-        raise SettingsError(f"{name}={number} is below the minimum of {minimum}. Set it to at least {minimum}.")
+        raise SettingsError(
+            f"{name}={number} is below the minimum of {minimum}. Set it to at least {minimum}."
+        )
     if maximum is not None and number > maximum:
-        raise SettingsError(f"{name}={number} is above the maximum of {maximum}. Set it to at most {maximum}.")
+        raise SettingsError(
+            f"{name}={number} is above the maximum of {maximum}. Set it to at most {maximum}."
+        )
     return number
 
 
@@ -141,10 +150,14 @@ def base_url(environ: Mapping[str, str] | None = None) -> str:
         parts = urlsplit(value)
         port = parts.port  # raises on a malformed port
     except ValueError as exc:
-        raise SettingsError(f"{name}={value!r} is not a valid URL ({exc}). Example: {DEFAULT_BASE_URL}") from None
+        raise SettingsError(
+            f"{name}={value!r} is not a valid URL ({exc}). Example: {DEFAULT_BASE_URL}"
+        ) from None
     del port
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SettingsError(f"{name}={value!r} must be an http(s) URL with a host, such as {DEFAULT_BASE_URL}.")
+        raise SettingsError(
+            f"{name}={value!r} must be an http(s) URL with a host, such as {DEFAULT_BASE_URL}."
+        )
     if parts.username is not None or parts.password is not None:
         raise SettingsError(f"{name} must not contain credentials; the key goes in CREATEOS_SANDBOX_API_KEY.")
     if parts.query or parts.fragment:
@@ -174,12 +187,22 @@ class BackendSettings:
 
 
 def _lfx_sandbox_settings() -> object | None:
-    """lfx's view of the LANGFLOW_SANDBOX_* settings (it may come from a .env or code)."""
+    """lfx's view of the LANGFLOW_SANDBOX_* settings (it may come from a .env file or code),
+    but only when lfx's settings service already exists, as it does inside Langflow and
+    `lfx run`. Creating it here would import lfx's whole service stack (tens of seconds)
+    from a CLI or a bare process; there the environment variables decide, as they would
+    for lfx itself."""
+    manager = getattr(sys.modules.get("lfx.services.manager"), "_service_manager", None)
+    services = getattr(manager, "services", None)
+    service_type = getattr(sys.modules.get("lfx.services.schema"), "ServiceType", None)
+    key = getattr(service_type, "SETTINGS_SERVICE", None)
+    if not isinstance(services, dict) or key is None or key not in services:
+        return None
     try:
         from lfx.utils.sandbox.base import _sandbox_settings
 
         return _sandbox_settings()
-    except Exception:  # the settings stack is absent or failed to build: env vars decide
+    except Exception:  # the settings stack failed: env vars decide
         return None
 
 

@@ -1,0 +1,440 @@
+"""`createos-langflow`: the operator CLI.
+
+  doctor   check the configuration of every surface and say how to fix what is wrong
+  reap     list (and with --yes delete) guests left behind by the plugin
+
+Both use the native client and the same settings module as the surfaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import Any
+
+from langflow_sandbox_createos import settings
+from langflow_sandbox_createos.settings import SettingsError
+
+PLUGIN_PREFIXES = ("lf-c-", "lf-x-", "lf-")
+ENTRY_POINTS = {
+    "lfx.sandbox_backends": "createos",
+    "langflow.extensions": "langflow-sandbox-createos",
+    "lfx.executors": "createos",
+}
+DISTRIBUTION = "langflow-sandbox-createos"
+
+
+# --- doctor ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None = informational, does not affect the verdict
+    detail: str
+    fix: str = ""
+    surfaces: tuple[str, ...] = ()  # the surfaces this check gates; empty = all configured ones
+
+
+@dataclass
+class Report:
+    surfaces: dict[str, bool] = field(default_factory=dict)
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, check: Check) -> None:
+        self.checks.append(check)
+
+    @property
+    def ok(self) -> bool:
+        enabled = {name for name, on in self.surfaces.items() if on}
+        for check in self.checks:
+            if check.ok is False and (not check.surfaces or enabled & set(check.surfaces)):
+                return False
+        return True
+
+
+def _surfaces(environ: os._Environ[str] | dict[str, str]) -> tuple[dict[str, bool], list[Check]]:
+    plugins = {p.strip().lower() for p in environ.get("LANGFLOW_SANDBOX_BACKEND_PLUGINS", "").split(",")}
+    selected = environ.get("LANGFLOW_SANDBOX_BACKEND", "").strip().lower() == "createos"
+    allowed = "createos" in plugins
+    executor = environ.get("LANGFLOW_EXECUTOR_KIND", "").strip().lower() == "createos"
+    checks: list[Check] = []
+    if selected and not allowed:
+        checks.append(
+            Check(
+                "backend trust gate",
+                False,
+                "LANGFLOW_SANDBOX_BACKEND=createos but createos is not in LANGFLOW_SANDBOX_BACKEND_PLUGINS; "
+                "Langflow will refuse to start.",
+                "export LANGFLOW_SANDBOX_BACKEND_PLUGINS=createos",
+                ("backend",),
+            )
+        )
+    elif allowed and not selected:
+        checks.append(
+            Check(
+                "backend selection",
+                None,
+                "createos is allowlisted but not selected, so the Python Interpreter still runs in-process.",
+                "export LANGFLOW_SANDBOX_BACKEND=createos to switch the backend on",
+            )
+        )
+    surfaces = {"backend": selected, "component": True, "executor": executor}
+    return surfaces, checks
+
+
+def _check_entry_points(report: Report) -> None:
+    try:
+        version = metadata.version("lfx")
+        report.add(Check("lfx", True, f"lfx {version} is installed"))
+    except metadata.PackageNotFoundError:
+        report.add(Check("lfx", False, "lfx is not installed", "pip install 'lfx>=1.13,<1.14' (or langflow)"))
+        return
+    for group, name in ENTRY_POINTS.items():
+        found = [ep for ep in metadata.entry_points(group=group) if ep.name.strip().lower() == name]
+        owners = sorted({getattr(ep.dist, "name", "?") for ep in found})
+        surface = {"lfx.sandbox_backends": "backend", "langflow.extensions": "component"}.get(
+            group, "executor"
+        )
+        if not found:
+            report.add(
+                Check(
+                    f"entry point {group}:{name}",
+                    False,
+                    "not visible to this Python",
+                    f"pip install {DISTRIBUTION} into the environment Langflow runs in",
+                    (surface,),
+                )
+            )
+        elif len(owners) > 1:
+            report.add(
+                Check(
+                    f"entry point {group}:{name}",
+                    False,
+                    f"published by several distributions ({', '.join(owners)}); lfx refuses both",
+                    "uninstall all but one of them",
+                    (surface,),
+                )
+            )
+        else:
+            report.add(Check(f"entry point {group}:{name}", True, f"from {owners[0]}"))
+    try:
+        from lfx.utils.sandbox import registry
+
+        builtins = getattr(registry, "_builtin_names", frozenset())
+        if "createos" in builtins:
+            report.add(
+                Check(
+                    "builtin shadowing",
+                    False,
+                    "this lfx has a built-in 'createos' sandbox backend, which refuses the plugin of that name",
+                    "use an lfx release without the in-tree createos backend (1.13.x)",
+                    ("backend",),
+                )
+            )
+        else:
+            report.add(Check("builtin shadowing", True, "no built-in 'createos' backend in this lfx"))
+    except Exception as exc:  # an lfx without the registry cannot load the backend at all
+        report.add(
+            Check(
+                "sandbox registry",
+                False,
+                f"lfx has no sandbox backend registry ({exc})",
+                "upgrade to lfx 1.13",
+                ("backend",),
+            )
+        )
+
+
+def _check_policy(report: Report) -> Any:
+    try:
+        backend = settings.backend_settings()
+    except SettingsError as exc:
+        report.add(Check("backend settings", False, str(exc), "fix the variable named above", ("backend",)))
+        return None
+    if backend.allowed_domains:
+        report.add(
+            Check(
+                "network policy",
+                False,
+                f"LANGFLOW_SANDBOX_ALLOWED_DOMAINS={','.join(backend.allowed_domains)} is refused: CreateOS "
+                "does not enforce hostname rules",
+                "unset LANGFLOW_SANDBOX_ALLOWED_DOMAINS; choose LANGFLOW_SANDBOX_ALLOW_NETWORK=true or false",
+                ("backend",),
+            )
+        )
+    elif not backend.allow_network and not backend.accept_egress_exceptions:
+        report.add(
+            Check(
+                "network policy",
+                False,
+                "egress is off but 169.254.0.0/16 stays reachable; runs are refused until you acknowledge it",
+                "export LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true "
+                "(or LANGFLOW_SANDBOX_ALLOW_NETWORK=true)",
+                ("backend", "component"),
+            )
+        )
+    else:
+        verdict = "open (unrestricted)" if backend.allow_network else "deny-all, 169.254.0.0/16 acknowledged"
+        report.add(Check("network policy", True, verdict))
+    try:
+        executor = settings.executor_settings()
+        report.add(
+            Check(
+                "executor settings",
+                True,
+                f"shape {executor.shape}, rootfs {executor.rootfs}, timeout {executor.timeout_seconds}s, "
+                f"egress {','.join(executor.egress)}",
+            )
+        )
+    except SettingsError as exc:
+        report.add(Check("executor settings", False, str(exc), "fix the variable named above", ("executor",)))
+    return backend
+
+
+def _check_control_plane(report: Report, backend: Any) -> None:
+    from langflow_sandbox_createos import runtime
+
+    try:
+        key = settings.api_key()
+        report.add(Check("API key", True, f"set from {key.source}"))
+    except SettingsError as exc:
+        report.add(Check("API key", False, str(exc), "export CREATEOS_SANDBOX_API_KEY=..."))
+        return
+    try:
+        url = settings.base_url()
+        report.add(Check("base URL", True, url))
+    except SettingsError as exc:
+        report.add(Check("base URL", False, str(exc), "fix CREATEOS_SANDBOX_BASE_URL"))
+        return
+    try:
+        endpoint = runtime.endpoints.get()
+        who = endpoint.client.whoami()  # type: ignore[attr-defined]
+        stats = who.get("stats") or {}
+        report.add(
+            Check(
+                "control plane",
+                True,
+                f"{url} accepted the key (user {who.get('user_id', '?')}, "
+                f"{stats.get('running', 0)} running, {stats.get('paused', 0)} paused)",
+            )
+        )
+    except Exception as exc:
+        report.add(
+            Check(
+                "control plane",
+                False,
+                runtime.describe(exc),
+                "check CREATEOS_SANDBOX_BASE_URL, the network and the key",
+            )
+        )
+        return
+    if backend is None:
+        return
+    try:
+        shape = runtime.pick_shape(runtime.catalog(endpoint), backend.memory_mb, backend.shape)
+        report.add(
+            Check(
+                "backend shape",
+                True,
+                f"{shape} (floor max(LANGFLOW_SANDBOX_MEMORY_MB={backend.memory_mb}, 4096) MiB"
+                + (", pinned by CREATEOS_SANDBOX_SHAPE)" if backend.shape else ")"),
+            )
+        )
+    except Exception as exc:
+        report.add(
+            Check(
+                "backend shape",
+                False,
+                str(exc),
+                "adjust CREATEOS_SANDBOX_SHAPE or LANGFLOW_SANDBOX_MEMORY_MB",
+                ("backend",),
+            )
+        )
+
+
+def doctor(environ: dict[str, str] | None = None) -> Report:
+    env = dict(os.environ) if environ is None else environ
+    surfaces, checks = _surfaces(env)
+    report = Report(surfaces=surfaces, checks=checks)
+    _check_entry_points(report)
+    backend = _check_policy(report)
+    _check_control_plane(report, backend)
+    return report
+
+
+def _print_report(report: Report) -> None:
+    on = ", ".join(name for name, enabled in report.surfaces.items() if enabled) or "none"
+    print(f"Surfaces switched on: {on}")
+    marks = {True: "ok  ", False: "FAIL", None: "info"}
+    for check in report.checks:
+        print(f"[{marks[check.ok]}] {check.name}: {check.detail}")
+        if check.fix and check.ok is not True:
+            print(f"       fix: {check.fix}")
+    print("Verdict: " + ("the configured surfaces will work" if report.ok else "fix the FAIL lines above"))
+
+
+# --- reap --------------------------------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    match = _DURATION.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 30m, 2h or 1d")
+    scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
+    return float(match.group(1)) * scale
+
+
+def _age_seconds(row: dict[str, Any], now: float) -> float | None:
+    created = row.get("created_at")
+    if not isinstance(created, str):
+        return None
+    try:
+        stamp = datetime.fromisoformat(created.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=timezone.utc)
+    return max(0.0, now - stamp.timestamp())
+
+
+def _format_age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+TERMINAL = frozenset({"destroyed", "destroying", "failed"})
+
+
+def find_leftovers(
+    rows: Sequence[dict[str, Any]],
+    *,
+    prefixes: Sequence[str] = PLUGIN_PREFIXES,
+    states: Sequence[str] | None = None,
+    older_than: float | None = None,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
+    now = time.time() if now is None else now
+    picked = []
+    for row in rows:
+        name = row.get("name") or ""
+        status = row.get("status") or ""
+        if not any(name.startswith(p) for p in prefixes):
+            continue
+        if states is not None and status not in states:
+            continue
+        if states is None and status in TERMINAL:
+            continue
+        age = _age_seconds(row, now)
+        if older_than is not None and (age is None or age < older_than):
+            continue
+        picked.append({**row, "age_seconds": age})
+    return picked
+
+
+def _progress(done: int, total: int, stream: Any) -> None:
+    width = 30
+    filled = int(width * done / total) if total else width
+    stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    stream.flush()
+
+
+def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
+    from langflow_sandbox_createos import runtime
+
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        endpoint = runtime.endpoints.get()
+        rows = endpoint.client.list()  # type: ignore[attr-defined]
+    except Exception as exc:
+        print(f"reap: {runtime.describe(exc) if not isinstance(exc, SettingsError) else exc}", file=err)
+        return 2
+    prefixes = tuple(args.prefix) if args.prefix else PLUGIN_PREFIXES
+    states = tuple(args.state) if args.state else None
+    leftovers = find_leftovers(rows, prefixes=prefixes, states=states, older_than=args.older_than)
+    if args.json:
+        json.dump({"guests": leftovers, "dry_run": not args.yes}, out, indent=2, default=str)
+        out.write("\n")
+    else:
+        print(f"{'ID':<30} {'NAME':<24} {'STATE':<11} AGE", file=out)
+        for row in leftovers:
+            print(
+                f"{row.get('id', ''):<30} {row.get('name', ''):<24} {row.get('status', ''):<11} "
+                f"{_format_age(row['age_seconds'])}",
+                file=out,
+            )
+        print(f"{len(leftovers)} guest(s) left behind by the plugin.", file=out)
+    if not args.yes:
+        if leftovers and not args.json:
+            print("Dry run: nothing deleted. Re-run with --yes to delete them.", file=out)
+        return 0
+    deleted, failed = 0, []
+    for index, row in enumerate(leftovers, 1):
+        try:
+            endpoint.client.delete(row["id"])  # type: ignore[attr-defined]
+            deleted += 1
+        except Exception as exc:
+            failed.append((row["id"], runtime.describe(exc)))
+        _progress(index, len(leftovers), err)
+    if leftovers:
+        err.write("\n")
+    print(f"Deleted {deleted} of {len(leftovers)} guest(s).", file=out)
+    for sandbox_id, reason in failed:
+        print(f"  failed {sandbox_id}: {reason}", file=out)
+    return 1 if failed else 0
+
+
+# --- entry ------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="createos-langflow", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    doc = sub.add_parser("doctor", help="check the configuration and explain each fix")
+    doc.add_argument("--json", action="store_true", help="machine-readable output")
+    rp = sub.add_parser("reap", help="list or delete guests left behind (lf-, lf-c-, lf-x- names)")
+    rp.add_argument("--older-than", type=parse_duration, default=None, help="only guests older than e.g. 2h")
+    rp.add_argument("--prefix", action="append", help="name prefix (repeatable); default lf-, lf-c-, lf-x-")
+    rp.add_argument("--state", action="append", help="only guests in this state (repeatable)")
+    rp.add_argument("--yes", action="store_true", help="really delete (default: dry run)")
+    rp.add_argument("--json", action="store_true", help="machine-readable output")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {"doctor": _doctor_cmd, "reap": reap}
+    return handlers[args.command](args)
+
+
+def _doctor_cmd(args: argparse.Namespace) -> int:
+    report = doctor()
+    if args.json:
+        print(
+            json.dumps(
+                {"ok": report.ok, "surfaces": report.surfaces, "checks": [asdict(c) for c in report.checks]},
+                indent=2,
+            )
+        )
+    else:
+        _print_report(report)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
