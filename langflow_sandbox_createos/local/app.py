@@ -237,12 +237,14 @@ def build_app(plane: Plane) -> ASGIApp:
         return success(_paginated([s.as_json() for s in SHAPES.values()], request))
 
     async def rootfs(request: Request) -> Response:
-        entries = [
-            {"name": name, "description": "host Python environment" if p == Path("/") else f"directory {p}"}
+        entries: list[dict[str, Any]] = [
+            {
+                "name": name,
+                "description": "host Python environment" if p == Path("/") else f"directory {p}",
+                "deprecated": False,
+            }
             for name, p in plane.rootfs.items()
         ]
-        for entry in entries:
-            entry["deprecated"] = False
         return success({"rootfs": list(plane.rootfs), "default": DEFAULT_ROOTFS, "entries": entries})
 
     async def create(request: Request) -> Response:
@@ -549,9 +551,10 @@ def build_app(plane: Plane) -> ASGIApp:
             message = f"no route for {request.method} {request.url.path}"
         else:
             message = str(exc.detail)
+        headers = dict(exc.headers) if exc.headers else None
         if exc.status_code >= 500:
-            return error(message, exc.status_code, exc.headers)
-        return fail({"message": message, "code": "http_error"}, exc.status_code, exc.headers)
+            return error(message, exc.status_code, headers)
+        return fail({"message": message, "code": "http_error"}, exc.status_code, headers)
 
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)

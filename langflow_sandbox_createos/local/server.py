@@ -43,6 +43,11 @@ class ControlPlaneServer(uvicorn.Server):
         # kill guests first, so in-flight execs end now instead of holding the shutdown open
         self.plane.runner.kill_all()
         super().handle_exit(sig, frame)
+        # uvicorn re-raises the signal after its graceful shutdown, which would kill us before
+        # __main__ removes the temporary state dir: a signalled shutdown is a clean exit here
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
