@@ -141,7 +141,7 @@ def test_delete_kills_a_running_exec(
 @pytest.fixture(scope="module")
 def slow_plane() -> Iterator[LocalControlPlane]:
     with LocalControlPlane(
-        boot_delay_ms=300, transition_delay_ms=400, extra_args=["--auto-pause-unit-ms", "20"]
+        boot_delay_ms=300, transition_delay_ms=400, streaming=False, extra_args=["--auto-pause-unit-ms", "20"]
     ) as plane:
         yield plane
 
@@ -200,3 +200,14 @@ def test_auto_pause_after_idle_and_exec_touches_clock(slow: tuple[httpx.Client, 
     while data(c.get(f"/v1/sandboxes/{sid}"))["status"] == "running" and time.monotonic() < deadline:
         time.sleep(0.1)
     wait_status(c, sid, "paused")
+
+
+def test_no_streaming_flag_answers_404(
+    slow_plane: LocalControlPlane, slow: tuple[httpx.Client, SandboxFactory]
+) -> None:
+    c, make = slow
+    sid = make()["id"]
+    assert slow_plane.stats()["streaming"] is False
+    streamed = c.post(f"/v1/sandboxes/{sid}/exec?stream=true", json={"cmd": "true", "stream": True})
+    assert "not supported" in failure(streamed, 404)["message"]
+    assert data(c.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "true"}))["result"]["exit_code"] == 0
