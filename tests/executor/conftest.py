@@ -122,7 +122,8 @@ def child_env(cp: Any, tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR")}
     env.update(
         HOME=str(tmp_path),
-        LANGFLOW_CONFIG_DIR=str(tmp_path / "langflow"),
+        # not "<cwd>/langflow": a directory by that name on sys.path would pose as Langflow
+        LANGFLOW_CONFIG_DIR=str(tmp_path / "lf-config"),
         PYTHONPATH=entry_point_path(tmp_path),
         CREATEOS_SANDBOX_API_KEY=cp.api_key,
         CREATEOS_SANDBOX_BASE_URL=cp.url,
