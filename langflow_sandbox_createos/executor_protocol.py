@@ -387,9 +387,9 @@ def decode_outputs(frame: Mapping[str, Any]) -> list[Any]:
     for run in runs:
         if not isinstance(run, Mapping):
             raise ValueError("an outputs entry is not an object")
-        inputs = run.get("inputs") if isinstance(run.get("inputs"), Mapping) else {}
+        inputs = run.get("inputs")
         outputs = [decode_result(item) for item in run.get("outputs") or []]
-        decoded.append(RunOutputs(inputs=dict(inputs), outputs=outputs))
+        decoded.append(RunOutputs(inputs=dict(inputs) if isinstance(inputs, Mapping) else {}, outputs=outputs))
     return decoded
 
 
