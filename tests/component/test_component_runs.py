@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import sys
 import time
+from typing import Any
 
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
@@ -261,4 +263,31 @@ def test_backslash_n_in_code_reaches_the_guest_verbatim(component_cls: type, env
     assert run.results["result"] == "a\nb\n1", run.results
     run = run_flow(component_cls, command="printf 'x\\ny\\n'")
     assert run.results["result"] == "x\ny"
+    no_live_guests(env)
+
+
+def test_progress_is_shown_while_output_streams(
+    component_cls: type, env: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    progress_cls = sys.modules[component_cls.__module__]._Progress
+    statuses: list[tuple[float, str]] = []
+    original = progress_cls.on_output
+
+    def watch(self: Any, stream: str, chunk: str) -> None:
+        original(self, stream, chunk)
+        statuses.append((time.monotonic(), self._component.status))
+
+    monkeypatch.setattr(progress_cls, "on_output", watch)
+    component = component_cls(
+        _id="CreateOSSandbox-prog1",
+        python_code="import time\nfor i in range(3):\n    print(f'step {i}')\n    time.sleep(1)\n",
+    )
+    result = component.run_sandbox()
+    ended = time.monotonic()
+    assert result.data["result"] == "step 0\nstep 1\nstep 2"
+    first_at, first_status = statuses[0]
+    assert first_status.startswith("step 0") and ended - first_at > 1.5  # shown while the program still ran
+    logs = [log for log in component._logs if log.name == "progress"]
+    assert logs and "step 0" in str(logs[0].message)
+    assert component.status.data["result"] == result.data["result"]  # the final status is the result
     no_live_guests(env)

@@ -1,0 +1,102 @@
+"""The component as an extension: manifest, discovery, validation, and its declared shape."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from lfx.extension.discovery import discover_installed_extensions
+from lfx.extension.loader import load_extension_bundles
+from lfx.schema.data import Data
+from lfx.schema.dataframe import DataFrame
+
+from langflow_sandbox_createos.components import sandbox_run
+
+from .conftest import PACKAGE_DIR
+
+LFX = Path(sys.executable).with_name("lfx")
+
+
+def test_lfx_extension_validate_accepts_the_package() -> None:
+    done = subprocess.run(
+        [str(LFX), "extension", "validate", str(PACKAGE_DIR)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "validate: ok" in done.stdout
+
+
+def _editable_distribution(tmp_path: Path) -> metadata.Distribution:
+    """A dist-info like an editable install's: no files listed, only the entry point."""
+    info = tmp_path / "langflow_sandbox_createos-0.3.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: langflow-sandbox-createos\nVersion: 0.3.0\n")
+    (info / "entry_points.txt").write_text(
+        "[langflow.extensions]\nlangflow-sandbox-createos = langflow_sandbox_createos\n"
+    )
+    return metadata.PathDistribution(info)
+
+
+def test_found_by_display_name_through_lfx_discovery(tmp_path: Path) -> None:
+    found, errors = discover_installed_extensions([_editable_distribution(tmp_path)])
+    assert errors == []
+    [record] = found
+    assert record.extension_id == "langflow-sandbox-createos"
+    assert record.extension_root.resolve() == PACKAGE_DIR
+    results = load_extension_bundles(record.extension_root)
+    components = [c for r in results for c in r.components]
+    assert [r.errors for r in results] == [[]]
+    names = {c.klass.display_name: c for c in components}
+    assert "CreateOS Sandbox" in names
+    assert names["CreateOS Sandbox"].namespaced_id == "ext:createos:CreateOSSandboxComponent@official"
+
+
+def test_declared_inputs_outputs_and_metadata(component_cls: type) -> None:
+    component = component_cls()
+    assert component_cls.display_name == "CreateOS Sandbox"
+    assert component_cls.name == "CreateOSSandbox"
+    assert component_cls.icon == "square-terminal"
+    inputs = {i.name: i for i in component.inputs}
+    assert "code" not in inputs
+    assert list(inputs) == [
+        "python_code",
+        "command",
+        "session_mode",
+        "collect_artifacts",
+        "allow_network",
+        "timeout_seconds",
+        "shape",
+    ]
+    assert inputs["python_code"].value == "print('hello from a microVM')"
+    assert inputs["python_code"].display_name == "Python Code"
+    assert inputs["command"].value == "" and inputs["command"].display_name == "Command"
+    assert inputs["session_mode"].options == ["off", "flow"] and inputs["session_mode"].value == "off"
+    assert inputs["session_mode"].display_name == "Guest Reuse"
+    assert (
+        inputs["collect_artifacts"].value is False
+        and inputs["collect_artifacts"].display_name == "Return Files"
+    )
+    assert inputs["allow_network"].value is False and inputs["allow_network"].display_name == "Allow Network"
+    assert (
+        inputs["timeout_seconds"].value == 60
+        and inputs["timeout_seconds"].display_name == "Timeout (seconds)"
+    )
+    assert inputs["shape"].display_name == "Shape" and inputs["shape"].placeholder == "s-2vcpu-4gb"
+    outputs = {o.name: o for o in component.outputs}
+    assert [(o.display_name, o.method) for o in outputs.values()] == [
+        ("Results", "run_sandbox"),
+        ("Files", "collected_files"),
+    ]
+    node = component.to_frontend_node()
+    template = node["data"]["node"]["template"]
+    assert "code" in template and template["python_code"]["value"] == "print('hello from a microVM')"
+    assert node["data"]["node"]["outputs"][0]["types"] == [Data.__name__]  # Data is lfx's JSON
+    assert node["data"]["node"]["outputs"][1]["types"] == [DataFrame.__name__]  # DataFrame is lfx's Table
+
+
+def test_check_timeout() -> None:
+    assert sandbox_run.check_timeout(60) == 60
+    assert sandbox_run.check_timeout("15") == 15
+    assert sandbox_run.check_timeout(3600) == 3600
+    assert sandbox_run.check_timeout(7.0) == 7
