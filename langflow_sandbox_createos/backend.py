@@ -14,6 +14,7 @@ program and whose shell writes it under ``/workspace`` and runs it under the gue
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import threading
 import time
@@ -57,6 +58,14 @@ STDIN_PROGRAM_MAX_BYTES = 256 * 1024
 SHUTDOWN_DRAIN_SECONDS = 10.0
 
 WORKSPACE = "/workspace"
+
+# The guest shell's timing line on stderr: an ASCII unit separator, a tag, the milliseconds.
+TRAILER_PREFIX = "\x1fcreateos:program_ms="
+TRAILER_PREFIX_SH = "\\037createos:program_ms="  # the same, as printf writes it
+_TRAILER_RE = re.compile(re.escape(TRAILER_PREFIX) + r"(\d{1,15})\n")
+_TRAILER_PARTIAL_RE = re.compile(
+    "|".join(re.escape(TRAILER_PREFIX[:i]) for i in range(1, len(TRAILER_PREFIX) + 1)) + r"(?:\d*\n?)?"
+)
 
 
 def create_backend() -> CreateOSBackend:
@@ -277,18 +286,53 @@ def run_script(path: str, timeout_seconds: int) -> str:
     GNU timeout exits 137, not 124, when the signal it sent was KILL (it reports the forced
     kill on purpose), which would read as an out-of-memory kill. So the shell reports 124
     when the program died of SIGKILL at or past the deadline. Whole seconds are enough:
-    floor(end) - floor(start) >= N whenever end - start >= N. ``python3 -u`` keeps output
-    printed before a kill instead of losing it in a buffer.
+    floor(end) - floor(start) >= N whenever end - start >= N.
+
+    The streaming exec protocol carries no ``exec_ms``, so the shell also measures the
+    program's own time and appends it to stderr as one trailer line (see
+    :func:`split_trailer`), skipped when ``date`` has no nanoseconds.
+
+    ``python3 -u`` keeps output printed before a kill instead of losing it in a buffer.
     """
     n = int(timeout_seconds)
     return (
-        "s=$(date +%s)\n"
-        f"timeout --signal=KILL {n} python3 -u {path}\n"
+        # The shell's own stderr goes to /dev/null (fd 3 keeps the real one): when timeout
+        # is SIGKILLed, sh prints "Killed" on its stderr, which would reach the program's.
+        "exec 3>&2 2>/dev/null\n"
+        "t0=$(date +%s%N); s0=$(date +%s)\n"
+        # Redirect inside the subshell, so the parent still has /dev/null while it waits.
+        f"(exec 2>&3 3>&-; exec timeout --signal=KILL {n} python3 -u {path})\n"
         "r=$?\n"
-        f'if [ "$r" -eq {KILLED_STATUS} ] && [ $(( $(date +%s) - s )) -ge {n} ]; '
-        f"then exit {GUEST_TIMEOUT_STATUS}; fi\n"
+        "t1=$(date +%s%N); s1=$(date +%s)\n"
+        'case "$t0$t1" in *[!0-9]*) ;; '
+        f"*) printf '{TRAILER_PREFIX_SH}%s\\n' $(( (t1 - t0) / 1000000 )) >&3 ;; esac\n"
+        f'if [ "$r" -eq {KILLED_STATUS} ] && [ $((s1 - s0)) -ge {n} ]; then exit {GUEST_TIMEOUT_STATUS}; fi\n'
         'exit "$r"\n'
     )
+
+
+def split_trailer(stderr: str) -> tuple[str, int | None]:
+    """Strip the timing trailer the guest shell appended; return (stderr, program ms).
+
+    The trailer is written after the program has exited, so it is the last thing on stderr;
+    a program printing the same text earlier cannot take its place. A trailer cut by the
+    output cap is stripped too, so no fragment of it reaches the user.
+    """
+    at = stderr.rfind(TRAILER_PREFIX)
+    if at < 0 or len(stderr) - at > len(TRAILER_PREFIX) + 24:
+        return stderr, None
+    match = _TRAILER_RE.fullmatch(stderr, at)
+    if match:
+        return stderr[:at], int(match.group(1))
+    return stderr, None
+
+
+def _strip_cut_trailer(stderr: str) -> str:
+    """After a truncation, drop any prefix of the trailer left at the very end."""
+    at = stderr.rfind("\x1f")
+    if at >= 0 and _TRAILER_PARTIAL_RE.fullmatch(stderr, at):
+        return stderr[:at]
+    return stderr
 
 
 def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
@@ -297,7 +341,10 @@ def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
             f"CreateOS: the guest {result.sandbox_id or ''} could not start the program: {result.error}. "
             f"Check that CREATEOS_SANDBOX_ROOTFS={config.rootfs!r} provides /bin/sh, timeout and python3."
         )
-    stdout, stderr = result.stdout, result.stderr
+    stdout = result.stdout
+    stderr, program_ms = split_trailer(result.stderr)
+    if result.stderr_truncated:
+        stderr = _strip_cut_trailer(stderr)
     notes = [
         f"[createos: {stream} truncated at {_size(config.max_output_bytes)}; "
         "set CREATEOS_SANDBOX_MAX_OUTPUT_BYTES]"
@@ -324,7 +371,8 @@ def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
     if notes:
         joined = "\n".join(notes)
         stderr = f"{stderr}\n{joined}\n" if stderr and not stderr.endswith("\n") else f"{stderr}{joined}\n"
-    exec_ms = result.exec_ms
+    # The service's exec_ms when it sent one (buffered exec); otherwise the guest's own count.
+    exec_ms = result.exec_ms if result.exec_ms is not None else program_ms
     return SandboxResult(
         stdout=stdout,
         stderr=stderr,

@@ -11,7 +11,13 @@ import pytest
 from lfx.utils.sandbox.base import Capabilities, SandboxBackend
 
 from langflow_sandbox_createos import backend as backend_module
-from langflow_sandbox_createos.backend import CreateOSBackend, create_backend, run_script
+from langflow_sandbox_createos.backend import (
+    TRAILER_PREFIX,
+    CreateOSBackend,
+    create_backend,
+    run_script,
+    split_trailer,
+)
 
 
 def test_factory_does_no_io_and_reads_no_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,6 +64,9 @@ def test_guest_script_reports_a_timeout_as_124_not_137(tmp_path: Path) -> None:
     done = _run_guest_script(tmp_path, "print('before', flush=True)\nimport time\ntime.sleep(30)\n", 1)
     assert done.returncode == backend_module.GUEST_TIMEOUT_STATUS
     assert done.stdout == "before\n"
+    stderr, program_ms = split_trailer(done.stderr)
+    assert stderr == ""
+    assert program_ms is not None and 1000 <= program_ms < 5000
 
 
 def test_guest_script_keeps_a_real_sigkill_as_137(tmp_path: Path) -> None:
@@ -66,8 +75,19 @@ def test_guest_script_keeps_a_real_sigkill_as_137(tmp_path: Path) -> None:
 
 
 def test_guest_script_passes_the_exit_status_through(tmp_path: Path) -> None:
-    done = _run_guest_script(tmp_path, "import sys\nprint('x')\nsys.exit(3)\n", 30)
+    done = _run_guest_script(tmp_path, "import sys, time\nprint('x')\ntime.sleep(0.2)\nsys.exit(3)\n", 30)
     assert (done.returncode, done.stdout) == (3, "x\n")
+    stderr, program_ms = split_trailer(done.stderr)
+    assert stderr == ""
+    assert program_ms is not None and 200 <= program_ms < 5000
+
+
+def test_the_timing_trailer_is_stripped_exactly() -> None:
+    trailer = f"{TRAILER_PREFIX}42\n"
+    assert split_trailer(f"warning: x{trailer}") == ("warning: x", 42)
+    assert split_trailer("plain\n") == ("plain\n", None)
+    # A program that prints a fake trailer first cannot hide the real one or its own text.
+    assert split_trailer(f"{TRAILER_PREFIX}1\nmine\n{trailer}") == (f"{TRAILER_PREFIX}1\nmine\n", 42)
 
 
 def test_unbuffered_output_survives_a_kill(tmp_path: Path) -> None:
@@ -75,3 +95,18 @@ def test_unbuffered_output_survives_a_kill(tmp_path: Path) -> None:
     done = _run_guest_script(tmp_path, "print('unflushed')\nimport time\ntime.sleep(30)\n", 1)
     assert done.returncode == backend_module.GUEST_TIMEOUT_STATUS
     assert done.stdout == "unflushed\n"
+
+
+def test_a_missing_interpreter_is_reported_on_stderr(tmp_path: Path) -> None:
+    path = tmp_path / "main.py"
+    path.write_text("print(1)\n")
+    env = {**os.environ, "PATH": "/usr/bin:/bin"}  # coreutils, but no python3 of ours
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "timeout").symlink_to("/usr/bin/timeout")
+    env["PATH"] = str(bindir)
+    done = subprocess.run(
+        ["/bin/sh", "-c", run_script(str(path), 5)], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 127
+    assert "python3" in done.stderr

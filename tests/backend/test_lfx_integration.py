@@ -33,9 +33,11 @@ finally:
 print(json.dumps(report))
 """
 
+# The marker path exists only on the host (a guest has its own /tmp), so the file appears
+# only if the code ran in the Langflow process.
 GUEST_CODE = (
     "import os, math\n"
-    "open({marker!r}, 'w').write('ran')\n"
+    "try:\n    open({marker!r}, 'w').write('ran')\nexcept OSError:\n    pass\n"
     "print('guest', os.environ['CREATEOS_SANDBOX_ID'], math.floor(2.5))\n"
 )
 
@@ -55,10 +57,12 @@ pytestmark = pytest.mark.skipif(
 
 
 def _child(env: dict[str, str], code: str, tmp_path: Path) -> dict[str, Any]:
+    workdir = tmp_path / "cwd"
+    workdir.mkdir(exist_ok=True)
     done = subprocess.run(
         [sys.executable, "-c", CHILD, code],
         env=env,
-        cwd=tmp_path,
+        cwd=workdir,
         capture_output=True,
         text=True,
         timeout=240,
@@ -73,7 +77,9 @@ def _base_env(cp: Any, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "SYSTEMROOT", "TMPDIR")}
     env.update(
         HOME=str(tmp_path),
-        LANGFLOW_CONFIG_DIR=str(tmp_path / "langflow"),
+        # Not named "langflow": a directory of that name on sys.path would shadow the
+        # (uninstalled) langflow package and break lfx's settings.
+        LANGFLOW_CONFIG_DIR=str(tmp_path / "lf-config"),
         LANGFLOW_SANDBOX_BACKEND_PLUGINS="createos",
         LANGFLOW_SANDBOX_BACKEND="createos",
         CREATEOS_SANDBOX_API_KEY=cp.api_key,
@@ -91,6 +97,7 @@ def test_lfx_discovers_the_backend_and_the_python_interpreter_runs_on_a_guest(
     assert "createos" in report["known"]
     assert report["backend"] == "langflow_sandbox_createos.backend.CreateOSBackend"
     assert "unavailable" not in report, report
+    assert "result" in report["data"], report
     word, guest_id, floor = report["data"]["result"].split()
     assert (word, floor) == ("guest", "2")
     assert guest_id in {row["id"] for row in cp.sandboxes()}

@@ -151,7 +151,8 @@ def test_cache_refreshes_when_the_key_or_url_changes(
 
 
 def test_a_server_that_is_not_createos_is_refused(backend, backend_env, fresh_endpoints) -> None:
-    backend_env.set_faults({"rules": [{"route": "whoami", "body": "non-json"}]})
+    # 200 with JSON that is not a JSend envelope: something answers, but not CreateOS.
+    backend_env.set_faults({"rules": [{"route": "whoami", "body": "wrong-envelope"}]})
     message = _refused(backend, backend_env)
     assert "did not answer like a CreateOS control plane" in message
     assert "CREATEOS_SANDBOX_BASE_URL" in message
