@@ -250,3 +250,23 @@ def test_connection_reset_during_exec_is_an_execution_error(
 
 def _route_count(cp: Any, route: str) -> int:
     return int(cp.stats()["requests"].get(route, 0))
+
+
+def test_buffered_exec_fallback_behaves_the_same(backend: CreateOSBackend, backend_env: Any) -> None:
+    # A control plane without streaming exec (404): the native client falls back to the
+    # buffered exec, which does report exec_ms.
+    backend.run("print(0)")
+    backend_env.set_faults({"streaming": False})
+    result = backend.run("import sys, time\nprint('out')\nsys.stderr.write('err\\n')\ntime.sleep(0.2)\n")
+    assert (result.exit_code, result.stdout, result.stderr) == (0, "out\n", "err\n")
+    assert result.execution_time_ms is not None and result.execution_time_ms >= 200
+
+
+def test_buffered_exec_fallback_timeout(
+    backend: CreateOSBackend, backend_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend.run("print(0)")
+    backend_env.set_faults({"streaming": False})
+    monkeypatch.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "1")
+    result = backend.run("import time\nprint('early')\ntime.sleep(60)\n")
+    assert (result.exit_code, result.stdout) == (-1, "early\n")
