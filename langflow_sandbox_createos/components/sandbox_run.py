@@ -367,6 +367,11 @@ class _GuestProgram:
         return f"{self.run_dir}/files.tar.gz"
 
 
+def lock_wait_seconds(timeout: int) -> int:
+    """How long a run on a reused guest waits for another run's turn: one whole run."""
+    return timeout + ARCHIVE_BUDGET_SECONDS + 15
+
+
 def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
     """The exec argv (`/bin/sh -c GUEST_WRAPPER ...`) and the files to upload first."""
     run_dir = RUN_DIR_PREFIX + secrets.token_hex(8)
@@ -380,7 +385,7 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
     else:
         program = ["/bin/sh", "-c", req.program]
     archive_budget = ARCHIVE_BUDGET_SECONDS if req.collect else 0
-    lock_wait = req.timeout + archive_budget + 15 if lock else 0
+    lock_wait = lock_wait_seconds(req.timeout) if lock else 0
     argv = [
         "-c",
         GUEST_WRAPPER,
@@ -598,8 +603,7 @@ def run(
     phase = _Phase()
     try:
         if req.reuse:
-            lock_wait = req.timeout + ARCHIVE_BUDGET_SECONDS + 15
-            budget = lock_wait + req.timeout + ARCHIVE_BUDGET_SECONDS
+            budget = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
             spec = _spec(req, rootfs, egress, budget)
             return _run_reused(client, native, req, spec, egress, on_output, phase, note)
         spec = _spec(req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
