@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langflow_sandbox_createos import _createos  # noqa: E402
-from langflow_sandbox_createos.local.testing import LocalControlPlane  # noqa: E402
+from langflow_sandbox_createos import _createos
+from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 SPEC = {"shape": "s-1vcpu-256mb"}
 
@@ -40,7 +40,7 @@ def measure(fn, count: int, threads: int = 1) -> dict[str, float]:
         for _ in range(per_thread):
             try:
                 fn()
-            except BaseException as exc:  # noqa: BLE001 - counted, reported
+            except BaseException as exc:
                 errors.append(exc)
 
     pool = [threading.Thread(target=work) for _ in range(threads)]
@@ -52,8 +52,13 @@ def measure(fn, count: int, threads: int = 1) -> dict[str, float]:
         t.join()
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     done = per_thread * threads
-    return {"calls": done, "errors": len(errors), "wall_s": wall, "per_s": done / wall,
-            "cpu_us_per_call": cpu / done * 1e6}
+    return {
+        "calls": done,
+        "errors": len(errors),
+        "wall_s": wall,
+        "per_s": done / wall,
+        "cpu_us_per_call": cpu / done * 1e6,
+    }
 
 
 def main() -> None:
@@ -77,24 +82,38 @@ def main() -> None:
             rows.append(m)
 
         row("control request (whoami)", 1, client.whoami, args.requests)
-        row("full execution (run_program)", 1,
-            lambda: client.run_program(SPEC, "echo", ["x"], timeout=60), args.executions)
+        row(
+            "full execution (run_program)",
+            1,
+            lambda: client.run_program(SPEC, "echo", ["x"], timeout=60),
+            args.executions,
+        )
         for n in (int(x) for x in args.threads.split(",")):
             row("control request (whoami)", n, client.whoami, max(args.requests, n * 10))
         for n in (int(x) for x in args.threads.split(",") if int(x) > 1):
-            row("full execution (run_program)", n,
-                lambda: client.run_program(SPEC, "echo", ["x"], timeout=60), max(args.executions, n * 2))
+            row(
+                "full execution (run_program)",
+                n,
+                lambda: client.run_program(SPEC, "echo", ["x"], timeout=60),
+                max(args.executions, n * 2),
+            )
         client.close()
         server = cp.stats()
-    print(f"\nnative client {_createos.__version__} (libcurl {_createos.curl_version}, jansson "
-          f"{_createos.jansson_version}); createos-local with {args.latency_ms} ms injected latency\n")
+    print(
+        f"\nnative client {_createos.__version__} (libcurl {_createos.curl_version}, jansson "
+        f"{_createos.jansson_version}); createos-local with {args.latency_ms} ms injected latency\n"
+    )
     head = f"{'operation':30} {'threads':>7} {'calls':>6} {'errors':>6} {'calls/s':>9} {'client CPU/call':>16} {'new conns':>9}"
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['name']:30} {r['threads']:>7} {r['calls']:>6} {r['errors']:>6} {r['per_s']:>9.1f} "
-              f"{r['cpu_us_per_call']:>13.0f} us {r['connections']:>9}")
-    print(f"\nserver: {sum(server['requests'].values())} requests on {server['connections_opened']} connections")
+        print(
+            f"{r['name']:30} {r['threads']:>7} {r['calls']:>6} {r['errors']:>6} {r['per_s']:>9.1f} "
+            f"{r['cpu_us_per_call']:>13.0f} us {r['connections']:>9}"
+        )
+    print(
+        f"\nserver: {sum(server['requests'].values())} requests on {server['connections_opened']} connections"
+    )
     if args.json:
         args.json.write_text(json.dumps({"latency_ms": args.latency_ms, "rows": rows}, indent=2))
 

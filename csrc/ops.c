@@ -792,10 +792,8 @@ static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long 
         pthread_mutex_lock(&xo->mu);
         nd = r->nd_rc != COS_ND_OK ? r->nd_rc : cos_ndjson_finish(&r->nd);
         pthread_mutex_unlock(&xo->mu);
-        if (nd == COS_ND_NOMEM || nd == -1000) {
-            nomem(c, op);
-        } else if (nd == COS_ND_STOPPED) {
-            nomem(c, op); /* the only reason a frame is refused */
+        if (nd == COS_ND_NOMEM || nd == COS_ND_STOPPED) {
+            nomem(c, op); /* a frame is refused only when its output cannot be stored */
         } else if (nd != COS_ND_OK) {
             cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: HTTP %ld: %s", r->meta.status,
                         r->nd.errmsg);

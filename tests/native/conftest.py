@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,10 +26,8 @@ def sandbox(client: _createos.Client) -> Iterator[dict[str, Any]]:
     """A running guest, deleted afterwards."""
     view = client.create({"shape": SHAPE})
     yield view
-    try:
+    with contextlib.suppress(_createos.NotFoundError):
         client.delete(view["id"])
-    except _createos.NotFoundError:
-        pass
 
 
 def route_count(cp: LocalControlPlane, route: str) -> int:

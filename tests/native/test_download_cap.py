@@ -36,8 +36,10 @@ class ChunkedPeer:
             buf = b""
             while b"\r\n\r\n" not in buf:
                 buf += conn.recv(4096)
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-                         b"Transfer-Encoding: chunked\r\n\r\n")
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
             piece = b"x" * self.chunk
             try:
                 while self.sent < self.total:

@@ -32,8 +32,9 @@ STATUS_CASES = [
 
 
 @pytest.mark.parametrize(("status", "exc_type", "transient"), STATUS_CASES)
-def test_status_maps_to_exception(client: E.Client, cp: LocalControlPlane, status: int, exc_type: type,
-                                  transient: bool) -> None:
+def test_status_maps_to_exception(
+    client: E.Client, cp: LocalControlPlane, status: int, exc_type: type, transient: bool
+) -> None:
     cp.set_faults({"rules": [{"route": "whoami", "status": status, "times": 1}]})
     with pytest.raises(exc_type) as info:
         client.whoami()
@@ -66,7 +67,9 @@ def test_503_retry_after_http_date(client: E.Client, cp: LocalControlPlane) -> N
 
 
 @pytest.mark.parametrize("body", ["non-json", "truncated", "wrong-envelope"])
-def test_broken_success_bodies_are_protocol_errors(client: E.Client, cp: LocalControlPlane, body: str) -> None:
+def test_broken_success_bodies_are_protocol_errors(
+    client: E.Client, cp: LocalControlPlane, body: str
+) -> None:
     cp.set_faults({"rules": [{"route": "get", "status": 200, "body": body, "times": 1}]})
     with pytest.raises(E.ProtocolError) as info:
         client.get("sb-anything")
@@ -189,7 +192,12 @@ def test_bad_configuration_is_refused_before_any_request(cp: LocalControlPlane) 
             E.Client(cp.url, key)
         if len(key) > 2:
             assert key not in str(info.value)
-    for ok_url in ("http://127.0.0.1:1", "http://localhost:1", "http://[::1]:1", "https://api.example.com/base/"):
+    for ok_url in (
+        "http://127.0.0.1:1",
+        "http://localhost:1",
+        "http://[::1]:1",
+        "https://api.example.com/base/",
+    ):
         E.Client(ok_url, "key").close()
     with pytest.raises(ValueError):
         E.Client(cp.url, cp.api_key, control_timeout=0)

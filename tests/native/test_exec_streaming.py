@@ -21,12 +21,19 @@ def test_chunks_reach_python_while_the_guest_runs(client: _createos.Client, sand
     seen: list[tuple[float, str, str]] = []
     t0 = time.monotonic()
     r = client.exec(
-        sandbox["id"], "bash", ["-c", "echo first; sleep 1.5; echo second >&2; sleep 0.5; echo third"],
-        timeout=20, on_output=lambda s, t: seen.append((time.monotonic() - t0, s, t)),
+        sandbox["id"],
+        "bash",
+        ["-c", "echo first; sleep 1.5; echo second >&2; sleep 0.5; echo third"],
+        timeout=20,
+        on_output=lambda s, t: seen.append((time.monotonic() - t0, s, t)),
     )
     total = time.monotonic() - t0
     assert r.streamed and r.exit_code == 0
-    assert [(s, t) for _, s, t in seen] == [("stdout", "first\n"), ("stderr", "second\n"), ("stdout", "third\n")]
+    assert [(s, t) for _, s, t in seen] == [
+        ("stdout", "first\n"),
+        ("stderr", "second\n"),
+        ("stdout", "third\n"),
+    ]
     first_at = seen[0][0]
     assert first_at < 1.0 and total - first_at > 1.5, (first_at, total)
     assert r.stdout == "first\nthird\n" and r.stderr == "second\n"
@@ -51,8 +58,9 @@ def test_stream_deadline_returns_partial_output(client: _createos.Client, sandbo
     assert elapsed < 2.5
 
 
-def test_deadline_before_the_stream_starts_raises(client: _createos.Client, sandbox: dict,
-                                                 cp: LocalControlPlane) -> None:
+def test_deadline_before_the_stream_starts_raises(
+    client: _createos.Client, sandbox: dict, cp: LocalControlPlane
+) -> None:
     cp.set_faults({"rules": [{"route": "exec_stream", "hang": True, "times": 1}]})
     t0 = time.monotonic()
     with pytest.raises(_createos.DeadlineError):
@@ -65,19 +73,23 @@ def test_buffered_exec_deadline_raises(client: _createos.Client, sandbox: dict) 
         client.exec(sandbox["id"], "sleep", ["30"], timeout=1.0, stream=False)
 
 
-def test_stream_reset_mid_output_is_an_error(client: _createos.Client, sandbox: dict,
-                                             cp: LocalControlPlane) -> None:
+def test_stream_reset_mid_output_is_an_error(
+    client: _createos.Client, sandbox: dict, cp: LocalControlPlane
+) -> None:
     cp.set_faults({"rules": [{"route": "exec_stream", "reset": True, "after_bytes": 30, "times": 1}]})
     with pytest.raises(_createos.ProtocolError, match="truncated"):
-        client.exec(sandbox["id"], "bash", ["-c", "for i in $(seq 50); do echo line$i; sleep 0.01; done"],
-                    timeout=20)
+        client.exec(
+            sandbox["id"], "bash", ["-c", "for i in $(seq 50); do echo line$i; sleep 0.01; done"], timeout=20
+        )
 
 
 def test_output_cap_truncates_on_a_character_boundary(client: _createos.Client, sandbox: dict) -> None:
     # 3-byte characters; a cap of 1000 bytes cannot hold a whole number of them
     prog = "import sys; sys.stdout.write('\\u4e2d' * 5000); sys.stderr.write('e' * 50)"
     for stream in (True, False):
-        r = client.exec(sandbox["id"], "python3", ["-c", prog], timeout=20, max_output_bytes=1000, stream=stream)
+        r = client.exec(
+            sandbox["id"], "python3", ["-c", prog], timeout=20, max_output_bytes=1000, stream=stream
+        )
         assert r.stdout_truncated and not r.stderr_truncated
         assert r.stdout == "\u4e2d" * 333 and r.stderr == "e" * 50
         assert r.exit_code == 0
@@ -111,8 +123,9 @@ MEMORY_PROBE = textwrap.dedent(
 )
 
 
-def test_guest_printing_100_mib_costs_about_the_cap(client: _createos.Client, sandbox: dict,
-                                                    cp: LocalControlPlane) -> None:
+def test_guest_printing_100_mib_costs_about_the_cap(
+    client: _createos.Client, sandbox: dict, cp: LocalControlPlane
+) -> None:
     """A fresh process streams 100 MiB of guest output under the default 16 MiB cap; its peak RSS
     grows by well under 100 MiB."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -121,13 +134,18 @@ def test_guest_printing_100_mib_costs_about_the_cap(client: _createos.Client, sa
         env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=1"
     out = subprocess.run(
         [sys.executable, "-c", MEMORY_PROBE, cp.url, cp.api_key, sandbox["id"], "100"],
-        capture_output=True, text=True, timeout=300, env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert out.returncode == 0, out.stderr
     m = json.loads(out.stdout)
     growth_mib = (m["after_kib"] - m["before_kib"]) / 1024
-    print(f"RSS growth streaming 100 MiB under a 16 MiB cap: {growth_mib:.1f} MiB "
-          f"(received {m['received'] / 2**20:.0f} MiB)")
+    print(
+        f"RSS growth streaming 100 MiB under a 16 MiB cap: {growth_mib:.1f} MiB "
+        f"(received {m['received'] / 2**20:.0f} MiB)"
+    )
     assert m["truncated"] and m["len"] == _createos.DEFAULT_MAX_OUTPUT_BYTES and m["exit"] == 0
     assert m["received"] > 100 * 2**20  # the whole stream was read, not cut short
     assert growth_mib < 60, m

@@ -27,7 +27,12 @@ def test_module_surface() -> None:
     assert issubclass(_createos.ProtocolError, _createos.CreateOSError)
     err = _createos.CreateOSError("x")
     assert (err.status, err.request_id, err.transient, err.retry_after, err.code, err.sandbox_id) == (
-        None, None, False, None, None, None,
+        None,
+        None,
+        False,
+        None,
+        None,
+        None,
     )
     assert _createos.TransientError("x").transient is True
 
@@ -55,12 +60,17 @@ def test_sandbox_lifecycle(client: _createos.Client, cp: LocalControlPlane) -> N
         assert sid in {s["id"] for s in client.list(status="running")}
         assert client.patch(sid, {"ingress_enabled": True})["ingress_enabled"] is True
         assert client.get_egress(sid) == []
-        assert client.put_egress(sid, ["10.1.2.3:443", "192.168.0.0/16"]) == ["10.1.2.3:443", "192.168.0.0/16"]
+        assert client.put_egress(sid, ["10.1.2.3:443", "192.168.0.0/16"]) == [
+            "10.1.2.3:443",
+            "192.168.0.0/16",
+        ]
         assert client.get_egress(sid) == ["10.1.2.3:443", "192.168.0.0/16"]
         assert client.put_egress(sid, None) == []
         assert client.pause(sid)["status"] in ("pausing", "paused")
         # status filters the server cannot apply are applied client-side
-        assert sid in {s["id"] for s in client.list(status="paused")} or client.get(sid)["status"] == "pausing"
+        assert (
+            sid in {s["id"] for s in client.list(status="paused")} or client.get(sid)["status"] == "pausing"
+        )
         with pytest.raises(_createos.ConflictError) as info:
             client.exec(sid, "true", timeout=5)
         assert info.value.status == 409 and "paused" in str(info.value)
@@ -130,8 +140,14 @@ def test_download_cap_declared_length(client: _createos.Client, sandbox: dict, c
 def test_exec_buffered_and_streamed(client: _createos.Client, sandbox: dict) -> None:
     sid = sandbox["id"]
     for stream in (True, False):
-        r = client.exec(sid, "bash", ["-c", 'echo out; echo err >&2; read x; echo "got $x"; exit 4'],
-                        stdin="hello\n", timeout=20, stream=stream)
+        r = client.exec(
+            sid,
+            "bash",
+            ["-c", 'echo out; echo err >&2; read x; echo "got $x"; exit 4'],
+            stdin="hello\n",
+            timeout=20,
+            stream=stream,
+        )
         assert isinstance(r, _createos.ExecResult)
         assert (r.stdout, r.stderr, r.exit_code, r.streamed) == ("out\ngot hello\n", "err\n", 4, stream)
         assert r.error is None and r.timed_out is False and not r.stdout_truncated
@@ -141,11 +157,14 @@ def test_exec_buffered_and_streamed(client: _createos.Client, sandbox: dict) -> 
     assert r.error  # the service's start error is surfaced, never dropped
 
 
-def test_exec_stream_404_falls_back_to_buffered(client: _createos.Client, sandbox: dict,
-                                                cp: LocalControlPlane) -> None:
+def test_exec_stream_404_falls_back_to_buffered(
+    client: _createos.Client, sandbox: dict, cp: LocalControlPlane
+) -> None:
     cp.set_faults({"streaming": False})
     seen: list[tuple[str, str]] = []
-    r = client.exec(sandbox["id"], "echo", ["fallback"], timeout=20, on_output=lambda s, t: seen.append((s, t)))
+    r = client.exec(
+        sandbox["id"], "echo", ["fallback"], timeout=20, on_output=lambda s, t: seen.append((s, t))
+    )
     assert r.stdout == "fallback\n" and r.streamed is False
     assert seen == [("stdout", "fallback\n")]
     assert client.stats()["fallbacks"] == 1
@@ -191,7 +210,13 @@ def test_repr_close_and_context_manager(cp: LocalControlPlane) -> None:
 def test_exec_result_is_constructible_and_immutable() -> None:
     r = _createos.ExecResult(stdout="a", exit_code=3, streamed=True, sandbox_id="sb-1")
     assert (r.stdout, r.stderr, r.exit_code, r.error, r.streamed, r.sandbox_id, r.timed_out) == (
-        "a", "", 3, None, True, "sb-1", False,
+        "a",
+        "",
+        3,
+        None,
+        True,
+        "sb-1",
+        False,
     )
     with pytest.raises(AttributeError):
         r.stdout = "b"  # type: ignore[misc]

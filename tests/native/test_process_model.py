@@ -13,8 +13,9 @@ from langflow_sandbox_createos import _createos
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 
-def test_fork_while_threads_are_mid_request(client: _createos.Client, sandbox: dict,
-                                            cp: LocalControlPlane) -> None:
+def test_fork_while_threads_are_mid_request(
+    client: _createos.Client, sandbox: dict, cp: LocalControlPlane
+) -> None:
     sid = sandbox["id"]
     client.whoami()  # the engine and its connections exist before the fork
     results: list[str] = []
@@ -26,7 +27,7 @@ def test_fork_while_threads_are_mid_request(client: _createos.Client, sandbox: d
             started.wait()
             r = client.exec(sid, "bash", ["-c", f"sleep 0.8; echo parent-{n}"], timeout=30)
             results.append(r.stdout)
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=busy, args=(n,)) for n in range(4)]
@@ -41,7 +42,7 @@ def test_fork_while_threads_are_mid_request(client: _createos.Client, sandbox: d
             ok = client.whoami()["user_id"] == "local-user"
             r = client.exec(sid, "echo", ["child"], timeout=20)
             code = 0 if ok and r.stdout == "child\n" and r.streamed else 2
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             code = 3
         finally:
             os._exit(code)
@@ -69,8 +70,9 @@ def test_keyboard_interrupt_during_long_exec(client: _createos.Client, sandbox: 
     assert client.stats()["cancelled"] >= 1
 
 
-def test_keyboard_interrupt_during_run_program_still_deletes(client: _createos.Client,
-                                                             cp: LocalControlPlane) -> None:
+def test_keyboard_interrupt_during_run_program_still_deletes(
+    client: _createos.Client, cp: LocalControlPlane
+) -> None:
     timer = threading.Timer(0.7, os.kill, args=(os.getpid(), signal.SIGINT))
     timer.start()
     t0 = time.monotonic()

@@ -23,9 +23,15 @@ def state_of(cp: LocalControlPlane, sandbox_id: str) -> str:
 def test_success_deletes_the_guest(client: _createos.Client, cp: LocalControlPlane) -> None:
     seen: list[str] = []
     r = client.run_program(
-        SPEC, "python3", ["/workspace/main.py"],
-        files=[("/workspace/main.py", b"import data\nprint(data.X * 2)\n"), ("/workspace/data.py", b"X = 21\n")],
-        timeout=30, on_output=lambda s, t: seen.append(t),
+        SPEC,
+        "python3",
+        ["/workspace/main.py"],
+        files=[
+            ("/workspace/main.py", b"import data\nprint(data.X * 2)\n"),
+            ("/workspace/data.py", b"X = 21\n"),
+        ],
+        timeout=30,
+        on_output=lambda s, t: seen.append(t),
     )
     assert (r.stdout, r.exit_code, r.streamed) == ("42\n", 0, True)
     assert seen == ["42\n"]
@@ -107,7 +113,7 @@ def test_background_delete_and_drain(client: _createos.Client, cp: LocalControlP
 def test_background_delete_failure_is_reported(client: _createos.Client, cp: LocalControlPlane) -> None:
     cp.set_faults({"rules": [{"route": "delete", "status": 403}]})
     r = client.run_program(SPEC, "echo", timeout=30, delete="background")
-    (sid, status, error), = client.drain_deletes(timeout=10)
+    ((sid, status, error),) = client.drain_deletes(timeout=10)
     assert sid == r.sandbox_id and status == 403 and "delete failed: HTTP 403" in error
     cp.clear_faults()
     client.delete(sid)
@@ -144,7 +150,7 @@ def test_64_threads_20_executions_each(cp: LocalControlPlane) -> None:
                 r = client.run_program(SPEC, "echo", [f"{n}-{i}"], timeout=120)
                 with lock:
                     outputs.append(r.stdout)
-            except BaseException as exc:  # noqa: BLE001 - every failure counts
+            except BaseException as exc:
                 with lock:
                     errors.append(exc)
 
@@ -156,8 +162,10 @@ def test_64_threads_20_executions_each(cp: LocalControlPlane) -> None:
     requests = sum(after["requests"].values()) - sum(before["requests"].values())
     connections = after["connections_opened"] - before["connections_opened"]
     stats = client.stats()
-    print(f"\n64x20 run_program: {elapsed:.1f} s, {threads * per_thread / elapsed:.1f} executions/s, "
-          f"server saw {requests} requests on {connections} new connections; client stats {stats}")
+    print(
+        f"\n64x20 run_program: {elapsed:.1f} s, {threads * per_thread / elapsed:.1f} executions/s, "
+        f"server saw {requests} requests on {connections} new connections; client stats {stats}"
+    )
     assert errors == []
     assert sorted(outputs) == sorted(f"{n}-{i}\n" for n in range(threads) for i in range(per_thread))
     assert stats["requests"] == threads * per_thread * 3  # create, exec stream, delete

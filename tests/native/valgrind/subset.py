@@ -7,6 +7,7 @@ the client so every allocation of the core is released.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from langflow_sandbox_createos import _createos
@@ -22,21 +23,19 @@ def main(url: str, key: str) -> None:
     c.list(prefix="vg-")
     c.upload(sid, "/workspace/a.txt", b"hello")
     assert c.download(sid, "/workspace/a.txt", max_bytes=10) == b"hello"
-    try:
+    with contextlib.suppress(_createos.UnavailableError):
         c.download(sid, "/workspace/a.txt", max_bytes=2)
-    except _createos.UnavailableError:
-        pass
     chunks = []
-    r = c.exec(sid, "bash", ["-c", "echo out; echo err >&2"], timeout=30, on_output=lambda s, t: chunks.append(t))
+    r = c.exec(
+        sid, "bash", ["-c", "echo out; echo err >&2"], timeout=30, on_output=lambda s, t: chunks.append(t)
+    )
     assert r.stdout == "out\n", r
     r = c.exec(sid, "python3", ["-c", "print('x' * 5000)"], timeout=30, max_output_bytes=100, stream=False)
     assert r.stdout_truncated
     r = c.exec(sid, "bash", ["-c", "echo early; sleep 20"], timeout=1.0)
     assert r.timed_out
-    try:
+    with contextlib.suppress(_createos.NotFoundError):
         c.get("sb-missing")
-    except _createos.NotFoundError:
-        pass
     c.put_egress(sid, ["10.0.0.1:443"])
     c.get_egress(sid)
     c.delete(sid)
@@ -47,10 +46,8 @@ def main(url: str, key: str) -> None:
     c.stats()
     c.close()
     del c
-    try:
+    with contextlib.suppress(_createos.ConfigError):
         _createos.Client("http://example.com", key)
-    except _createos.ConfigError:
-        pass
     print("subset ok")
 
 
