@@ -427,7 +427,8 @@ static int py_slice(void *ud, cos_exec_out *xo)
     ctx.slice = py_slice;                                                                         \
     ctx.ud = &hook;                                                                               \
     ctx.err = &err;                                                                               \
-    ctx.aborted = 0;
+    ctx.aborted = 0;                                                                              \
+    ctx.live_output = (on_output_obj) != NULL;
 
 #define CALL_RUN(expr)                                                                            \
     do {                                                                                          \
@@ -1065,9 +1066,9 @@ done:
 static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"create", "cmd", "args", "files", "stdin", "timeout", "max_output_bytes",
-                         "on_output", "delete", "sandbox_id", NULL};
+                         "on_output", "delete", "sandbox_id", "env", NULL};
     PyObject *create_o, *cmd_o, *args_o = NULL, *files_o = NULL, *stdin_o = Py_None,
-                                *timeout_o = NULL, *on_output = Py_None, *sid_o = Py_None,
+                                *timeout_o = NULL, *on_output = Py_None, *sid_o = Py_None, *env_o = Py_None,
                                 *files_fast = NULL, *result = NULL;
     const char *delete_mode = "wait", *adopt = NULL;
     Py_ssize_t max_output = (Py_ssize_t)COS_DEFAULT_MAX_OUTPUT, nfiles = 0, i;
@@ -1078,9 +1079,9 @@ static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwd
     char sid[COS_ID_MAX];
     int ok, background, have_params = 0, have_xo = 0;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnOsO", kw, &create_o, &cmd_o, &args_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnOsOO", kw, &create_o, &cmd_o, &args_o,
                                      &files_o, &stdin_o, &timeout_o, &max_output, &on_output,
-                                     &delete_mode, &sid_o))
+                                     &delete_mode, &sid_o, &env_o))
         return NULL;
     if (strcmp(delete_mode, "wait") != 0 && strcmp(delete_mode, "background") != 0) {
         PyErr_SetString(PyExc_ValueError, "delete must be \"wait\" or \"background\"");
@@ -1089,7 +1090,7 @@ static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwd
     background = delete_mode[0] == 'b';
     if (sid_o != Py_None && (adopt = arg_cstr(sid_o, "sandbox_id", COS_ID_MAX)) == NULL)
         return NULL;
-    if (parse_exec_common(&p, cmd_o, args_o, stdin_o, NULL, timeout_o, max_output, on_output) < 0)
+    if (parse_exec_common(&p, cmd_o, args_o, stdin_o, env_o, timeout_o, max_output, on_output) < 0)
         return NULL;
     have_params = 1;
     p.a.stream = 1;

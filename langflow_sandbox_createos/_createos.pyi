@@ -187,6 +187,7 @@ class Client:
         on_output: Callable[[Literal["stdout", "stderr"], str], None] | None = None,
         delete: Literal["wait", "background"] = "wait",
         sandbox_id: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """A whole throwaway execution in C: create (or adopt `sandbox_id`, e.g. a
         warm guest) → upload `files` → streaming exec → delete. The delete is
@@ -195,7 +196,8 @@ class Client:
         `sandbox_id` when a guest was created.
 
         `create` is ignored when `sandbox_id` is given (the adopted guest is
-        deleted too). create and uploads use control_timeout; the exec uses
+        deleted too). `env` is passed to the exec (as in exec()); the control
+        plane accepts only keys declared in the guest's `envs` at create. create and uploads use control_timeout; the exec uses
         `timeout` (see exec). A synchronous delete that fails is queued once more
         in the background (see drain_deletes); the result is still returned. On
         KeyboardInterrupt or an exception from on_output the delete is queued in

@@ -9,10 +9,13 @@ settings, and every setting is re-read on each run so a changed key or URL takes
 One run is, after the first: create the guest, then one streaming exec whose stdin is the
 program and whose shell writes it under ``/workspace`` and runs it under the guest's own
 ``timeout``. The delete is queued on the native client's I/O thread, off the critical path.
+With ``CREATEOS_SANDBOX_WARM_POOL=N`` the guest comes from a pool booted ahead of need
+(:mod:`warm_pool`), so the critical path is the exec alone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import secrets
@@ -28,7 +31,7 @@ from lfx.utils.sandbox.base import (
     SandboxUnavailableError,
 )
 
-from langflow_sandbox_createos import runtime, settings
+from langflow_sandbox_createos import runtime, settings, warm_pool
 from langflow_sandbox_createos.settings import BackendSettings, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.backend")
@@ -87,6 +90,9 @@ class CreateOSBackend:
     def __init__(self) -> None:
         # Serializes shutdown(): two concurrent calls would race for the same outcomes.
         self._lock = threading.Lock()
+        # CREATEOS_SANDBOX_WARM_POOL > 0: guests booted ahead of need (warm_pool.py). Per
+        # instance, so shutting down the loser of a construction race leaves the winner's alone.
+        self._pool = warm_pool.WarmPool(random_name=runtime.random_name)
 
     def __repr__(self) -> str:
         return f"<CreateOSBackend name={self.name!r}>"
@@ -135,17 +141,30 @@ class CreateOSBackend:
         client: Any = endpoint.client
         native = runtime._native()
         started = time.monotonic()
+        run_args = ("/bin/sh", ["-c", program.script])
+        run_kwargs: dict[str, Any] = {
+            "files": program.files,
+            "stdin": program.stdin,
+            "timeout": config.timeout_seconds + EXEC_GRACE_SECONDS,
+            "max_output_bytes": config.max_output_bytes,
+            "delete": "background",
+        }
+        pool_key = _pool_key(endpoint, create) if config.warm_pool else None
+        warm = self._pool.take(pool_key, client, config.warm_pool) if pool_key is not None else None
         try:
-            result = client.run_program(
-                create,
-                "/bin/sh",
-                ["-c", program.script],
-                files=program.files,
-                stdin=program.stdin,
-                timeout=config.timeout_seconds + EXEC_GRACE_SECONDS,
-                max_output_bytes=config.max_output_bytes,
-                delete="background",
-            )
+            if warm is not None:
+                # One round trip: the exec on a booted guest (deleted in the background after).
+                # A guest that was paused, deleted or died answers 404/409 before anything runs,
+                # so falling back to one fresh create cannot run the program twice.
+                try:
+                    result = client.run_program(
+                        create, *run_args, sandbox_id=warm, env=guest_env or None, **run_kwargs
+                    )
+                except (native.NotFoundError, native.ConflictError):
+                    self._pool.note_stale(pool_key, warm)  # type: ignore[arg-type]
+                    result = client.run_program(create, *run_args, **run_kwargs)
+            else:
+                result = client.run_program(create, *run_args, **run_kwargs)
         except native.CreateOSError as exc:
             error = runtime.to_lfx_error(exc, "run the program on a CreateOS guest")
             guest = getattr(exc, "sandbox_id", None)
@@ -171,6 +190,7 @@ class CreateOSBackend:
         construction race) must not break the one that won. Safe to call repeatedly.
         """
         with self._lock:
+            self._pool.shutdown()
             self._drain_all()
 
     def _drain_all(self) -> None:
@@ -200,6 +220,7 @@ class CreateOSBackend:
         """In a forked child: fresh lock, forget state. The parent's clients (sockets and
         I/O thread) are forgotten by runtime.endpoints' own fork hook, never closed."""
         self._lock = threading.Lock()
+        self._pool.forget_after_fork()  # the parent's pooled guests stay the parent's
 
 
 # --- one run, step by step -----------------------------------------------------------------
@@ -223,6 +244,24 @@ def _guest_env(env: Mapping[str, str] | None) -> dict[str, str]:
             raise SandboxExecutionError(f"CreateOS: {key!r} cannot be an environment variable name.")
         out[key] = value if isinstance(value, str) else str(value)
     return out
+
+
+def _pool_key(endpoint: runtime.Endpoint, create: Mapping[str, Any]) -> warm_pool.PoolKey:
+    """The warm-pool configuration of a run: endpoint and every policy the guest is created
+    with. Env keys are part of it, env values are not (they are passed at exec)."""
+    try:
+        key = settings.api_key().value
+    except SettingsError as exc:  # pragma: no cover - endpoints.get() already parsed it
+        raise SandboxUnavailableError(str(exc)) from None
+    return warm_pool.PoolKey(
+        base_url=endpoint.base_url,
+        key_digest=hashlib.blake2s(key.encode(), digest_size=16).hexdigest(),
+        shape=create["shape"],
+        rootfs=create["rootfs"],
+        egress=tuple(create["egress"]),
+        env_keys=warm_pool.env_keys(create["envs"]),
+        auto_pause_seconds=create["auto_pause_after_seconds"],
+    )
 
 
 def _preflight(endpoint: runtime.Endpoint) -> None:
@@ -394,7 +433,7 @@ def _collect_deletes(client: Any, timeout: float) -> None:
         else:
             logger.warning(
                 "CreateOS: could not delete guest %s (HTTP %s): %s. Auto-pause bounds its cost; "
-                "delete it from the CreateOS dashboard or CLI.",
+                "delete leftovers with 'createos-langflow reap --yes'.",
                 sandbox_id,
                 status,
                 error or "unexpected status",

@@ -1,0 +1,406 @@
+"""Warm pool for the sandbox backend: guests created ahead of need, one execution each.
+
+Opt-in with ``CREATEOS_SANDBOX_WARM_POOL=N`` (0..64, default 0). For every configuration a
+run asks for (endpoint, shape, rootfs, egress rules, declared env keys, auto-pause budget) the
+pool keeps N guests booted and idle. A run takes one, execs on it and deletes it in the
+background, so one VM still serves exactly one execution, and the critical path shrinks from
+create + exec to the exec alone.
+
+Design points (docs/performance.md has the costs):
+
+- **Keyed by the whole configuration.** A run only ever receives a guest created with its own
+  policy. Env *keys* are part of the key; values are not (they may be secrets): pool guests
+  declare the keys with empty values at create, and the run passes its values at exec.
+- **Refilled in the background** by at most ``MAX_WORKERS`` threads per pool object. They
+  spend their time inside native calls (create, delete), which release the GIL.
+- **Stale guests are discarded without a round trip where possible.** A guest is handed out
+  only while it is younger than its auto-pause budget minus ``EXPIRY_MARGIN_SECONDS`` (the
+  control plane would pause it otherwise); older ones are deleted in the background. A guest
+  that died, was paused or deleted behind our back is detected by the exec itself (404/409,
+  answered before anything runs) and the caller falls back to one fresh create. That costs
+  nothing on the common path, where a GET before every use would cost one round trip per run.
+- **Bounded idle cost.** Each guest carries the auto-pause backstop. A pool that has not been
+  used for one auto-pause window stops replacing guests that expire, so an idle process
+  drains its pool instead of churning guests forever.
+- **Lifecycle.** ``shutdown()`` and process exit (atexit) delete every pooled guest. A fork
+  child forgets the parent's pool (never touching the parent's guests); it builds its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("langflow_sandbox_createos.warm_pool")
+
+NAME_PREFIX = "lf-w-"
+MAX_WORKERS = 4
+# A guest is handed out only while it is this much younger than its auto-pause budget.
+EXPIRY_MARGIN_SECONDS = 15.0
+# Refill back-off after a failed create: doubles per failure, capped.
+BACKOFF_FIRST_SECONDS = 0.5
+BACKOFF_MAX_SECONDS = 30.0
+SHUTDOWN_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """Everything that makes two guests interchangeable. The endpoint is the base URL plus a
+    digest of the API key (never the key itself)."""
+
+    base_url: str
+    key_digest: str
+    shape: str
+    rootfs: str
+    egress: tuple[str, ...]
+    env_keys: tuple[str, ...]
+    auto_pause_seconds: int
+
+    def create_spec(self, name: str) -> dict[str, Any]:
+        return {
+            "shape": self.shape,
+            "rootfs": self.rootfs,
+            "name": name,
+            "egress": list(self.egress),
+            "envs": {key: "" for key in self.env_keys},
+            "auto_pause_after_seconds": self.auto_pause_seconds,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"PoolKey({self.base_url}, shape={self.shape}, rootfs={self.rootfs}, egress={list(self.egress)}, "
+            f"env_keys={list(self.env_keys)}, auto_pause={self.auto_pause_seconds}s)"
+        )
+
+
+@dataclass
+class _Guest:
+    sandbox_id: str
+    expires: float  # monotonic; past it the guest may be paused by the control plane
+
+
+@dataclass
+class _Pool:
+    key: PoolKey
+    client: Any
+    target: int
+    ready: deque[_Guest] = field(default_factory=deque)
+    pending: int = 0
+    last_used: float = 0.0
+    failures: int = 0
+    retry_at: float = 0.0
+
+    def active(self, now: float) -> bool:
+        """Used within the last auto-pause window: keep it topped up."""
+        return now - self.last_used <= self.key.auto_pause_seconds
+
+
+_live_pools: weakref.WeakSet[WarmPool] = weakref.WeakSet()
+
+
+class WarmPool:
+    """The pools of one backend instance, one per configuration. Thread-safe."""
+
+    def __init__(self, *, random_name: Any, max_workers: int = MAX_WORKERS) -> None:
+        self._random_name = random_name
+        self._max_workers = max_workers
+        self._init_state()
+        _live_pools.add(self)
+
+    def _init_state(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._pools: dict[PoolKey, _Pool] = {}
+        self._to_delete: deque[tuple[Any, str]] = deque()
+        self._workers: list[threading.Thread] = []
+        self._busy = 0  # workers inside a native call
+        self._generation = 0
+        self._counters = {
+            "created": 0,
+            "taken": 0,
+            "expired": 0,
+            "stale": 0,
+            "deleted": 0,
+            "delete_failures": 0,
+            "create_failures": 0,
+        }
+
+    # --- the run's side ----------------------------------------------------------------------
+
+    def take(self, key: PoolKey, client: Any, target: int) -> str | None:
+        """A ready guest for ``key``, or None when none is ready (the caller creates one).
+
+        Also sets the pool's size to ``target`` and schedules the refill. No I/O."""
+        now = time.monotonic()
+        with self._cond:
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._pools[key] = _Pool(key=key, client=client, target=target)
+            pool.client = client  # the endpoint's client may have been rebuilt (same URL and key)
+            pool.target = target
+            pool.last_used = now
+            guest = None
+            while pool.ready:
+                candidate = pool.ready.popleft()
+                if candidate.expires > now:
+                    guest = candidate
+                    break
+                self._counters["expired"] += 1
+                self._to_delete.append((pool.client, candidate.sandbox_id))
+            while len(pool.ready) > target:  # the size was lowered
+                self._to_delete.append((pool.client, pool.ready.pop().sandbox_id))
+            if guest is not None:
+                self._counters["taken"] += 1
+            self._wake_workers_locked()
+            return guest.sandbox_id if guest is not None else None
+
+    def note_stale(self, key: PoolKey, sandbox_id: str) -> None:
+        """A guest taken from the pool was gone or paused (404/409 on its exec)."""
+        with self._cond:
+            self._counters["stale"] += 1
+        logger.info(
+            "CreateOS warm pool: guest %s was no longer usable; ran on a fresh guest instead", sandbox_id
+        )
+
+    # --- introspection -----------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            out = dict(self._counters)
+            out["ready"] = sum(len(p.ready) for p in self._pools.values())
+            out["pending"] = sum(p.pending for p in self._pools.values())
+            out["pools"] = len(self._pools)
+            out["to_delete"] = len(self._to_delete)
+            out["workers"] = len(self._workers)
+            return out
+
+    def ready_ids(self, key: PoolKey | None = None) -> list[str]:
+        with self._cond:
+            pools = [self._pools[key]] if key is not None and key in self._pools else []
+            if key is None:
+                pools = list(self._pools.values())
+            return [g.sandbox_id for p in pools for g in p.ready]
+
+    def wait_full(self, timeout: float) -> bool:
+        """Wait until every pool holds its target of ready guests (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if all(len(p.ready) >= p.target for p in self._pools.values()):
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, 0.5))
+
+    # --- background work ---------------------------------------------------------------------
+
+    def _wake_workers_locked(self) -> None:
+        work = self._work_count_locked(time.monotonic())
+        while len(self._workers) - self._busy < work and len(self._workers) < self._max_workers:
+            worker = threading.Thread(
+                target=self._worker, args=(self._generation,), name="createos-warm-pool", daemon=True
+            )
+            self._workers.append(worker)
+            worker.start()
+        self._cond.notify_all()
+
+    def _work_count_locked(self, now: float) -> int:
+        n = len(self._to_delete)
+        for pool in self._pools.values():
+            if pool.active(now) and now >= pool.retry_at:
+                n += max(0, pool.target - len(pool.ready) - pool.pending)
+        return n
+
+    def _next_job_locked(self, now: float) -> tuple[str, Any, Any] | None:
+        # Expire first: an expired guest is deleted, and replaced only while the pool is in use.
+        for pool in self._pools.values():
+            while pool.ready and pool.ready[0].expires <= now:
+                self._counters["expired"] += 1
+                self._to_delete.append((pool.client, pool.ready.popleft().sandbox_id))
+        if self._to_delete:
+            client, sandbox_id = self._to_delete.popleft()
+            return ("delete", client, sandbox_id)
+        for pool in self._pools.values():
+            if pool.active(now) and now >= pool.retry_at and len(pool.ready) + pool.pending < pool.target:
+                pool.pending += 1
+                return ("create", pool, None)
+        return None
+
+    def _next_wakeup_locked(self, now: float) -> float | None:
+        times = [p.ready[0].expires for p in self._pools.values() if p.ready]
+        times += [p.retry_at for p in self._pools.values() if p.retry_at > now and p.active(now)]
+        return max(0.05, min(times) - now) if times else None
+
+    def _worker(self, generation: int) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                while True:
+                    if self._generation != generation:
+                        return  # shut down or forgotten: the list it was in is gone
+                    now = time.monotonic()
+                    job = self._next_job_locked(now)
+                    if job is not None:
+                        self._busy += 1
+                        break
+                    wakeup = self._next_wakeup_locked(now)
+                    if wakeup is None:  # nothing to do or wait for; take() starts a new worker
+                        self._workers.remove(me)
+                        return
+                    self._cond.wait(wakeup)
+            try:
+                if job[0] == "delete":
+                    self._delete(job[1], job[2])
+                else:
+                    self._create(job[1], generation)
+            finally:
+                with self._cond:
+                    if self._generation == generation:
+                        self._busy -= 1
+                    self._cond.notify_all()
+
+    def _create(self, pool: _Pool, generation: int) -> None:
+        key = pool.key
+        started = time.monotonic()
+        try:
+            view = pool.client.create(key.create_spec(self._random_name(NAME_PREFIX)))
+            sandbox_id = view["id"]
+        except Exception as exc:
+            with self._cond:
+                pool.pending -= 1
+                pool.failures += 1
+                self._counters["create_failures"] += 1
+                backoff = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** (pool.failures - 1))
+                pool.retry_at = time.monotonic() + backoff
+            log = logger.warning if pool.failures == 1 else logger.debug
+            log(
+                "CreateOS warm pool: could not create a guest for %r: %s (retrying in %.1f s)",
+                key,
+                exc,
+                backoff,
+            )
+            return
+        with self._cond:
+            pool.pending -= 1
+            pool.failures = 0
+            pool.retry_at = 0.0
+            self._counters["created"] += 1
+            if (
+                self._generation == generation
+                and self._pools.get(key) is pool
+                and len(pool.ready) < pool.target
+            ):
+                # The activity clock starts no earlier than the request was sent.
+                pool.ready.append(
+                    _Guest(sandbox_id, started + key.auto_pause_seconds - EXPIRY_MARGIN_SECONDS)
+                )
+                self._cond.notify_all()
+                return
+        self._delete(pool.client, sandbox_id)  # shut down, forgotten or no longer wanted meanwhile
+
+    def _delete(self, client: Any, sandbox_id: str) -> None:
+        try:
+            client.delete(sandbox_id)
+        except Exception as exc:
+            if getattr(exc, "status", None) == 404:
+                ok = True
+            else:
+                ok = False
+                logger.warning(
+                    "CreateOS warm pool: could not delete guest %s: %s. Auto-pause bounds its cost; "
+                    "delete leftover lf-w-* sandboxes.",
+                    sandbox_id,
+                    exc,
+                )
+        else:
+            ok = True
+        with self._cond:
+            self._counters["deleted" if ok else "delete_failures"] += 1
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def shutdown(self, timeout: float = SHUTDOWN_SECONDS) -> None:
+        """Delete every pooled guest, stop the workers (waiting for in-flight creates, whose
+        guests they then delete). The object stays usable: a later take() starts over."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._generation += 1
+            doomed = list(self._to_delete)
+            self._to_delete.clear()
+            for pool in self._pools.values():
+                doomed += [(pool.client, g.sandbox_id) for g in pool.ready]
+                pool.ready.clear()
+            self._pools.clear()
+            workers = list(self._workers)
+            self._workers = []
+            self._busy = 0
+            self._cond.notify_all()
+        _delete_all(self, doomed, deadline)
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        if any(w.is_alive() for w in workers):
+            logger.warning(
+                "CreateOS warm pool: a guest create was still in flight at shutdown; it is deleted when it "
+                "returns, or auto-pauses if the process exits first."
+            )
+
+    def forget_after_fork(self) -> None:
+        """In a fork child: drop the parent's guests and threads without touching them."""
+        self._init_state()
+
+
+def _delete_all(pool: WarmPool, doomed: list[tuple[Any, str]], deadline: float) -> None:
+    """Delete guests in parallel (up to MAX_WORKERS threads), within the deadline."""
+    if not doomed:
+        return
+    queue = deque(doomed)
+    lock = threading.Lock()
+
+    def run() -> None:
+        while time.monotonic() < deadline:
+            with lock:
+                if not queue:
+                    return
+                client, sandbox_id = queue.popleft()
+            pool._delete(client, sandbox_id)
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(min(MAX_WORKERS, len(doomed)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if queue:
+        logger.warning(
+            "CreateOS warm pool: %d guest(s) not deleted at shutdown; auto-pause bounds their cost",
+            len(queue),
+        )
+
+
+def env_keys(env: Mapping[str, str] | Iterable[str] | None) -> tuple[str, ...]:
+    return tuple(sorted(env or ()))
+
+
+def _shutdown_all() -> None:
+    for pool in list(_live_pools):
+        try:
+            pool.shutdown()
+        except Exception:
+            logger.debug("warm pool shutdown failed", exc_info=True)
+
+
+def _forget_all_after_fork() -> None:
+    for pool in list(_live_pools):
+        pool.forget_after_fork()
+
+
+atexit.register(_shutdown_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_all_after_fork)
