@@ -1,0 +1,206 @@
+"""A real Langflow server (from PyPI, in .venv-langflow) started the way users start it:
+``scripts/run-langflow.sh`` (what ``make run`` runs), on free ports, with its own
+createos-local. One server for the whole session: Langflow takes 30-90 s to start on 2 cores.
+
+Teardown stops it with SIGINT (Ctrl-C) and checks what ``make run`` promises: both servers
+gone, no guest left behind. The Langflow and createos-local logs are attached to any failing
+test that used the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from langflow_sandbox_createos.starter import LangflowClient
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_LANGFLOW = ROOT / os.environ.get("VENV_LANGFLOW", ".venv-langflow")
+START_TIMEOUT = float(os.environ.get("LANGFLOW_E2E_START_TIMEOUT", "300"))
+ARTIFACTS = ROOT / "tests" / "artifacts"
+# The plugin's settings must come from the script, never from the test process.
+_SCRUB = ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY", "CREATEOS_SANDBOX_BASE_URL", "LANGFLOW_")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LangflowServer:
+    """``make run`` as a subprocess: Langflow, createos-local and the imported starter flow."""
+
+    run_dir: Path
+    port: int
+    process: subprocess.Popen[str] | None = None
+    output: list[str] = field(default_factory=list)
+    starter_flow_id: str | None = None
+    control_plane_url: str | None = None
+    start_seconds: float | None = None
+    _pump: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> LangflowClient:
+        client = LangflowClient(self.url, timeout=180)
+        client.login()
+        return client
+
+    # -- createos-local's admin API (what LocalControlPlane.sandboxes() reads) -----------------
+    def stats(self) -> dict[str, Any]:
+        assert self.control_plane_url
+        with urllib.request.urlopen(f"{self.control_plane_url}/_local/stats", timeout=10) as r:
+            return json.loads(r.read())
+
+    def sandboxes(self) -> list[dict[str, Any]]:
+        return self.stats()["sandboxes"]
+
+    def live_sandboxes(self) -> list[dict[str, Any]]:
+        return [sb for sb in self.sandboxes() if sb["status"] not in ("destroyed", "failed")]
+
+    # -- logs ----------------------------------------------------------------------------------
+    def log_tail(self, name: str, lines: int = 80) -> str:
+        path = self.run_dir / name
+        if not path.exists():
+            return f"({path} does not exist)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def report(self) -> str:
+        return (
+            f"--- make run output ---\n{''.join(self.output)[-6000:]}\n"
+            f"--- langflow.log (tail) ---\n{self.log_tail('langflow.log')}\n"
+            f"--- createos-local.log (tail) ---\n{self.log_tail('createos-local.log', 40)}"
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _pid(self, name: str) -> int | None:
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.run_dir / name).read_text())
+        return None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+        env.update(
+            LANGFLOW_PORT=str(self.port),
+            CREATEOS_LOCAL_PORT="0",
+            RUN_DIR=str(self.run_dir),
+            SKIP_INSTALL="1",  # make test built .venv-langflow already
+            LANGFLOW_START_TIMEOUT=str(int(START_TIMEOUT)),
+            LANGFLOW_CREATE_STARTER_PROJECTS="false",  # Langflow's own ~30 starters: slow, unused
+            DO_NOT_TRACK="true",
+        )
+        started = time.monotonic()
+        self.process = subprocess.Popen(
+            [str(ROOT / "scripts" / "run-langflow.sh")],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.process and self.process.stdout
+            for line in self.process.stdout:
+                self.output.append(line)
+                if m := re.search(r"/flow/([0-9a-f-]{36})", line):
+                    self.starter_flow_id = m.group(1)
+                if m := re.search(r"Control plane: (http://127\.0\.0\.1:\d+)", line):
+                    self.control_plane_url = m.group(1)
+                if "Stop: Ctrl-C" in line:
+                    ready.set()
+            ready.set()
+
+        self._pump = threading.Thread(target=pump, daemon=True)
+        self._pump.start()
+        if not ready.wait(START_TIMEOUT + 60) or self.process.poll() is not None or not self.starter_flow_id:
+            report = self.report()
+            self.stop()
+            raise RuntimeError(f"make run did not come up:\n{report}")
+        self.start_seconds = time.monotonic() - started
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """Ctrl-C, as a user would; then make sure nothing of ours survives."""
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        if self._pump is not None:
+            self._pump.join(10)
+        # The script puts both servers in their own sessions: kill those groups if it did not.
+        for name in ("langflow.pid", "createos-local.pid"):
+            pid = self._pid(name)
+            if pid and _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        return proc.returncode
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is not alive; /proc says so.
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    return False
+
+
+@pytest.fixture(scope="session")
+def langflow_server() -> Iterator[LangflowServer]:
+    if not (VENV_LANGFLOW / "bin" / "langflow").exists():
+        pytest.fail(f"{VENV_LANGFLOW} has no langflow: run `make langflow` (make test does it)")
+    run_dir = Path(tempfile.mkdtemp(prefix="lf-e2e-"))
+    server = LangflowServer(run_dir=run_dir, port=free_port())
+    server.start()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "langflow-start-seconds.txt").write_text(f"{server.start_seconds:.1f}\n")
+    try:
+        yield server
+    finally:
+        pids = {name: server._pid(name) for name in ("langflow.pid", "createos-local.pid")}
+        rc = server.stop()
+        output = "".join(server.output)
+        (ARTIFACTS / "make-run-output.txt").write_text(output)
+        survivors = {name: pid for name, pid in pids.items() if pid and _alive(pid)}
+        assert rc == 130, f"make run exited {rc} on Ctrl-C:\n{server.report()}"
+        assert not survivors, f"still running after Ctrl-C: {survivors}"
+        assert "Deleted " in output and "stopping createos-local" in output, output[-3000:]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    server = getattr(item, "funcargs", {}).get("langflow_server")
+    if report.failed and isinstance(server, LangflowServer):
+        report.sections.append(("make run / Langflow logs", server.report()))
