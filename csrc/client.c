@@ -427,7 +427,8 @@ static int py_slice(void *ud, cos_exec_out *xo)
     ctx.slice = py_slice;                                                                         \
     ctx.ud = &hook;                                                                               \
     ctx.err = &err;                                                                               \
-    ctx.aborted = 0;
+    ctx.aborted = 0;                                                                              \
+    ctx.live_output = (on_output_obj) != NULL;
 
 #define CALL_RUN(expr)                                                                            \
     do {                                                                                          \

@@ -145,10 +145,12 @@ static size_t write_cb(char *data, size_t size, size_t nmemb, void *ud)
         pthread_mutex_lock(&r->xo->mu);
         rc = cos_ndjson_feed(&r->nd, data, n);
         pthread_mutex_unlock(&r->xo->mu);
-        pthread_mutex_lock(&r->mu);
-        r->progress = 1;
-        pthread_cond_signal(&r->cv);
-        pthread_mutex_unlock(&r->mu);
+        if (r->notify_output) {
+            pthread_mutex_lock(&r->mu);
+            r->progress = 1;
+            pthread_cond_signal(&r->cv);
+            pthread_mutex_unlock(&r->mu);
+        }
         if (rc != COS_ND_OK) {
             r->nd_rc = rc;
             return 0;
@@ -234,6 +236,7 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     r->timeout_ms = spec->timeout_ms;
     r->upload = spec->upload;
     r->xo = spec->xo;
+    r->notify_output = spec->notify_output;
     pthread_mutex_init(&r->mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);

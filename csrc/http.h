@@ -42,6 +42,7 @@ typedef struct cos_req_spec {
     size_t body_cap;
     long timeout_ms; /* the whole deadline of this request */
     cos_exec_out *xo; /* COS_RESP_STREAM only */
+    int notify_output; /* wake the owner as output arrives (someone delivers it live) */
 } cos_req_spec;
 
 struct cos_req {
@@ -53,6 +54,7 @@ struct cos_req {
     long timeout_ms;
     FILE *upload;
     cos_exec_out *xo;
+    int notify_output;
     cos_ndjson nd;
     int nd_rc;
 

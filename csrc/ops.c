@@ -199,8 +199,6 @@ static int perform(cos_ctx *c, cos_req *r, const char *op, cos_exec_out *xo)
             return -1;
         }
     }
-    if (xo != NULL)
-        slice(c, xo);
     if (r->cancelled) {
         cos_err_set(c->err, COS_E_CLOSED, "%s failed: the client was closed", op);
         return -1;
@@ -773,6 +771,7 @@ static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long 
     spec.body_cap = COS_ERROR_BODY_MAX;
     spec.timeout_ms = timeout_ms;
     spec.xo = xo;
+    spec.notify_output = c->live_output;
     if ((r = new_req(c, op, &spec)) == NULL)
         goto done;
     cos_engine_stat_add(c->eng, COS_STAT_STREAMS, 1);
@@ -902,7 +901,7 @@ static void bg_delete_done(cos_req *r);
 static cos_req *delete_req(cos_engine *eng, const cos_cfg *cfg, const char *id, int attempt,
                            cos_err *err)
 {
-    cos_ctx c = {eng, cfg, NULL, NULL, err, 0};
+    cos_ctx c = {eng, cfg, NULL, NULL, err, 0, 0};
     cos_req_spec spec = {0};
     cos_req *r;
     char *url = sandbox_url(&c, id, "");
@@ -930,7 +929,7 @@ static cos_req *delete_req(cos_engine *eng, const cos_cfg *cfg, const char *id, 
 /* The result of a delete as (status, error text or NULL): 404 counts as done. */
 static const char *delete_verdict(cos_req *r, const cos_cfg *cfg, cos_err *err)
 {
-    cos_ctx c = {NULL, cfg, NULL, NULL, err, 0};
+    cos_ctx c = {NULL, cfg, NULL, NULL, err, 0, 0};
     json_t *data = NULL;
     if (r->cancelled) {
         cos_err_set(err, COS_E_CLOSED, "delete failed: the client was closed");

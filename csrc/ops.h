@@ -24,6 +24,7 @@ typedef struct cos_ctx {
     void *ud;
     cos_err *err;
     int aborted; /* slice asked to stop: no further waiting on its behalf */
+    int live_output; /* the binding delivers stream output as it arrives */
 } cos_ctx;
 
 typedef struct cos_exec_args {
