@@ -317,3 +317,16 @@ double cos_now_ms(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
+
+void cos_deadline_in(double ms, struct timespec *ts)
+{
+    double end = cos_now_ms() + (ms > 0 ? ms : 0);
+    ts->tv_sec = (time_t)(end / 1000.0);
+    ts->tv_nsec = (long)((end - (double)ts->tv_sec * 1000.0) * 1e6);
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+    if (ts->tv_nsec < 0)
+        ts->tv_nsec = 0;
+}

@@ -118,5 +118,8 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
 void cos_strlcpy(char *dst, const char *src, size_t dstcap);
 
 double cos_now_ms(void); /* CLOCK_MONOTONIC */
+struct timespec;
+/* The CLOCK_MONOTONIC instant ms from now, for pthread_cond_timedwait. */
+void cos_deadline_in(double ms, struct timespec *ts);
 
 #endif

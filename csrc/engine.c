@@ -387,14 +387,8 @@ size_t cos_engine_pending_deletes(cos_engine *e)
 size_t cos_engine_wait_deletes(cos_engine *e, double ms)
 {
     struct timespec ts;
-    double end;
     size_t n;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    end = (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6 + (ms > 0 ? ms : 0);
-    ts.tv_sec = (time_t)(end / 1000.0);
-    ts.tv_nsec = (long)((end - (double)ts.tv_sec * 1000.0) * 1e6);
-    if (ts.tv_nsec < 0 || ts.tv_nsec >= 1000000000L)
-        ts.tv_nsec = 0;
+    cos_deadline_in(ms, &ts);
     pthread_mutex_lock(&e->mu);
     while (e->bg_pending > 0 && ms > 0)
         if (pthread_cond_timedwait(&e->bg_cv, &e->mu, &ts) != 0)

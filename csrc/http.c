@@ -338,19 +338,9 @@ CURL *cos_req_free(cos_req *r)
 int cos_req_wait(cos_req *r, double ms)
 {
     struct timespec ts;
-    double end_ms;
     int done;
 
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    end_ms = (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6 + ms;
-    ts.tv_sec = (time_t)(end_ms / 1000.0);
-    ts.tv_nsec = (long)((end_ms - (double)ts.tv_sec * 1000.0) * 1e6);
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    if (ts.tv_nsec < 0)
-        ts.tv_nsec = 0;
+    cos_deadline_in(ms, &ts);
     pthread_mutex_lock(&r->mu);
     while (!r->done && !r->progress)
         if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0)

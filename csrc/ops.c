@@ -729,20 +729,40 @@ done:
 
 /* ------------------------------------------------------------------ exec */
 
-static json_t *exec_body(const cos_exec_args *a, int stream)
+static void exec_request_free(cos_req_spec *spec)
+{
+    free((char *)spec->body);
+    free((char *)spec->url);
+    spec->body = spec->url = NULL;
+}
+
+/* The exec request: its JSON body and URL, and the spec fields both forms share.
+ * Returns -1 (err set) when memory runs out. */
+static int exec_request(cos_ctx *c, const char *id, const cos_exec_args *a, int stream,
+                        long timeout_ms, cos_req_spec *spec)
 {
     json_t *b = json_object();
-    if (b == NULL)
-        return NULL;
-    if (json_object_set_new(b, "cmd", json_string(a->cmd)) < 0 ||
-        json_object_set_new(b, "args", a->args ? json_incref(a->args) : json_array()) < 0 ||
-        (a->stdin_data && json_object_set_new(b, "stdin", json_string(a->stdin_data)) < 0) ||
-        (a->env && json_object_set_new(b, "env", json_incref(a->env)) < 0) ||
-        (stream && json_object_set_new(b, "stream", json_true()) < 0)) {
-        json_decref(b);
-        return NULL;
+    char *text = NULL;
+    if (b != NULL &&
+        json_object_set_new(b, "cmd", json_string(a->cmd)) == 0 &&
+        json_object_set_new(b, "args", a->args ? json_incref(a->args) : json_array()) == 0 &&
+        (!a->stdin_data || json_object_set_new(b, "stdin", json_string(a->stdin_data)) == 0) &&
+        (!a->env || json_object_set_new(b, "env", json_incref(a->env)) == 0) &&
+        (!stream || json_object_set_new(b, "stream", json_true()) == 0))
+        text = json_dumps(b, JSON_COMPACT);
+    json_decref(b);
+    memset(spec, 0, sizeof *spec);
+    spec->method = "POST";
+    spec->url = sandbox_url(c, id, stream ? "/exec?stream=true" : "/exec");
+    spec->body = text;
+    spec->body_len = text ? strlen(text) : 0;
+    spec->content_type = "application/json";
+    spec->timeout_ms = timeout_ms;
+    if (text == NULL || spec->url == NULL) {
+        exec_request_free(spec);
+        return nomem(c, "exec");
     }
-    return b;
+    return 0;
 }
 
 /* 0 done, RUN_FALLBACK when the server has no streaming exec, -1 error. */
@@ -750,26 +770,15 @@ static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long 
                        cos_exec_out *xo)
 {
     const char *op = "exec";
-    cos_req_spec spec = {0};
+    cos_req_spec spec;
     cos_req *r = NULL;
-    json_t *body = exec_body(a, 1);
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    char *url = sandbox_url(c, id, "/exec?stream=true");
     int rc = -1, nd;
 
-    if (text == NULL || url == NULL) {
-        nomem(c, op);
-        goto done;
-    }
-    spec.method = "POST";
-    spec.url = url;
-    spec.body = text;
-    spec.body_len = strlen(text);
-    spec.content_type = "application/json";
+    if (exec_request(c, id, a, 1, timeout_ms, &spec) < 0)
+        return -1;
     spec.accept = "application/x-ndjson, application/json";
     spec.mode = COS_RESP_STREAM;
     spec.body_cap = COS_ERROR_BODY_MAX;
-    spec.timeout_ms = timeout_ms;
     spec.xo = xo;
     spec.notify_output = c->live_output;
     if ((r = new_req(c, op, &spec)) == NULL)
@@ -817,9 +826,7 @@ static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long 
 done:
     if (r)
         cos_engine_release(c->eng, r);
-    json_decref(body);
-    free(text);
-    free(url);
+    exec_request_free(&spec);
     return rc;
 }
 
@@ -827,27 +834,17 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
                          cos_exec_out *xo)
 {
     const char *op = "exec";
-    cos_req_spec spec = {0};
+    cos_req_spec spec;
     cos_req *r = NULL;
-    json_t *body = exec_body(a, 0), *data = NULL;
-    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
-    char *url = sandbox_url(c, id, "/exec");
+    json_t *data = NULL;
     size_t limit = xo->out[0].limit;
     int rc = -1;
 
-    if (text == NULL || url == NULL) {
-        nomem(c, op);
-        goto done;
-    }
-    spec.method = "POST";
-    spec.url = url;
-    spec.body = text;
-    spec.body_len = strlen(text);
-    spec.content_type = "application/json";
+    if (exec_request(c, id, a, 0, timeout_ms, &spec) < 0)
+        return -1;
     spec.mode = COS_RESP_JSON;
     /* both streams at the cap, JSON-escaped, fit; more cannot be parsed */
     spec.body_cap = limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
-    spec.timeout_ms = timeout_ms;
     if ((r = new_req(c, op, &spec)) == NULL || perform(c, r, op, NULL) < 0)
         goto done;
     if (r->rc != CURLE_OK) {
@@ -865,11 +862,9 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
     pthread_mutex_unlock(&xo->mu);
 done:
     json_decref(data);
-    json_decref(body);
     if (r)
         cos_engine_release(c->eng, r);
-    free(text);
-    free(url);
+    exec_request_free(&spec);
     return rc;
 }
 
