@@ -910,9 +910,12 @@ static PyObject *c_upload(ClientObject *self, PyObject *args, PyObject *kwds)
             return NULL;
         fs = PyBytes_AS_STRING(fspath);
         fp = fopen(fs, "rb");
-        if (fp == NULL || fstat(fileno(fp), &stt) < 0 || !S_ISREG(stt.st_mode)) {
-            if (fp != NULL && errno == 0)
-                errno = EISDIR;
+        if (fp == NULL || fstat(fileno(fp), &stt) < 0) {
+            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, file_o);
+            goto done;
+        }
+        if (!S_ISREG(stt.st_mode)) {
+            errno = EISDIR; /* streamed with a declared size: regular files only */
             PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, file_o);
             goto done;
         }

@@ -119,6 +119,8 @@ def test_files_roundtrip(client: _createos.Client, sandbox: dict, tmp_path: Path
         client.download(sid, "/workspace/missing", max_bytes=10)
     with pytest.raises(FileNotFoundError):
         client.upload(sid, "/workspace/x", file=tmp_path / "nope")
+    with pytest.raises(IsADirectoryError):
+        client.upload(sid, "/workspace/x", file=tmp_path)
     with pytest.raises(TypeError):
         client.upload(sid, "/workspace/x")
     with pytest.raises(_createos.UnavailableError) as info:
