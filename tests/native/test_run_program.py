@@ -171,3 +171,11 @@ def test_64_threads_20_executions_each(cp: LocalControlPlane) -> None:
     assert stats["requests"] == threads * per_thread * 3  # create, exec stream, delete
     assert connections <= 2 * threads and connections * 10 < requests
     client.close()
+
+
+def test_env_reaches_the_exec(client: _createos.Client, cp: LocalControlPlane) -> None:
+    r = client.run_program(
+        {"shape": SHAPE, "envs": {"K": "declared"}}, "printenv", ["K"], env={"K": "override"}, timeout=30
+    )
+    assert r.stdout == "override\n"
+    assert state_of(cp, r.sandbox_id) in ("destroying", "destroyed")
