@@ -33,6 +33,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default="dev-key", help="the X-Api-Key clients must send (default dev-key)")
     p.add_argument("--state-dir", type=Path, help="directory for guest files (default: a fresh temp dir)")
     p.add_argument("--port-file", type=Path, help="write the bound port to this file once listening")
+    p.add_argument(
+        "--tls-cert", type=Path, help="serve HTTPS with this PEM certificate (chain); needs --tls-key"
+    )
+    p.add_argument("--tls-key", type=Path, help="the PEM private key for --tls-cert")
     p.add_argument("--boot-delay-ms", type=int, default=0, help="extra time create takes before running")
     p.add_argument(
         "--transition-delay-ms", type=int, default=0, help="time pausing/resuming/forking/destroying last"
@@ -84,6 +88,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser().error("--tls-cert and --tls-key go together")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     owned_state = args.state_dir is None
     state_dir = Path(tempfile.mkdtemp(prefix="createos-local-")) if owned_state else args.state_dir
@@ -106,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         unique_names=not args.allow_duplicate_names,
         memory_limits=not args.no_memory_limit,
         port_file=args.port_file,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
         log_level=args.log_level,
     )
     # imported late so --help works without the server dependencies

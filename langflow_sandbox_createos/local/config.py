@@ -27,4 +27,7 @@ class ServerConfig:
     max_file_bytes: int = 500 * 1024 * 1024
     memory_limits: bool = True
     port_file: Path | None = None
+    # serve HTTPS with this certificate chain and key (PEM); plain HTTP when unset
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     log_level: str = "warning"

@@ -73,9 +73,12 @@ def serve(config: ServerConfig) -> None:
         access_log=config.log_level in ("debug", "trace"),
         timeout_graceful_shutdown=3,
         timeout_keep_alive=30,
+        ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
+        ssl_keyfile=str(config.tls_key) if config.tls_key else None,
     )
     server = ControlPlaneServer(uv_config, plane)
-    url = f"http://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
+    scheme = "https" if config.tls_cert else "http"
+    url = f"{scheme}://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
     if config.port_file is not None:
         tmp = config.port_file.with_suffix(".tmp")
         tmp.write_text(f"{port}\n")

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,10 @@ class LocalControlPlane:
         isolation: bool = True,
         extra_args: Sequence[str] = (),
         startup_timeout: float = 30.0,
+        tls: tuple[str | os.PathLike[str], str | os.PathLike[str], str | os.PathLike[str]] | None = None,
     ) -> None:
+        """``tls=(cert, key, ca)`` serves HTTPS on ``https://localhost:PORT``; ``ca`` is the PEM
+        bundle the admin calls of this helper trust."""
         self.api_key = api_key
         self._args = ["--api-key", api_key, "--boot-delay-ms", str(boot_delay_ms)]
         self._args += ["--transition-delay-ms", str(transition_delay_ms)]
@@ -53,6 +57,11 @@ class LocalControlPlane:
         if not isolation:
             self._args.append("--no-isolation")
         self._args += list(extra_args)
+        self._ssl: ssl.SSLContext | None = None
+        if tls is not None:
+            cert, key, ca = (str(p) for p in tls)
+            self._args += ["--tls-cert", cert, "--tls-key", key]
+            self._ssl = ssl.create_default_context(cafile=ca)
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self.workdir: Path | None = None
@@ -63,6 +72,8 @@ class LocalControlPlane:
     def url(self) -> str:
         if self.port is None:
             raise RuntimeError("the control plane is not running")
+        if self._ssl is not None:  # the certificate names localhost
+            return f"https://localhost:{self.port}"
         return f"http://127.0.0.1:{self.port}"
 
     @property
@@ -133,7 +144,7 @@ class LocalControlPlane:
         if auth:
             request.add_header("X-Api-Key", self.api_key)
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout, context=self._ssl) as response:
                 return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"null")
