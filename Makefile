@@ -34,11 +34,16 @@ native: $(STAMP)
 $(UV): $(VPY)
 	$(VPY) -m pip install -q uv
 
-# uv resolves langflow in ~2 min where pip backtracks for much longer. The plugin is
-# installed editable, so Python edits show up without a rebuild.
-$(LANGFLOW_STAMP): $(STAMP) $(UV) $(NATIVE_SRC)
+# uv resolves langflow in ~2 min where pip backtracks for much longer. The plugin goes in
+# from its sdist, as users get it: a clean build of the extension against the system
+# libraries (never the in-tree .so, which `make sanitize` swaps for an ASan build, nor a
+# stale build/). Reinstalled whenever a package file changes.
+PKG_SRC := $(shell find langflow_sandbox_createos -name '*.py' -o -name '*.json' -o -name '*.pyi' | grep -v __pycache__)
+$(LANGFLOW_STAMP): $(STAMP) $(UV) $(NATIVE_SRC) $(PKG_SRC) MANIFEST.in
 	$(UV) venv -q --allow-existing --python $(PYTHON) $(VENV_LANGFLOW)
-	$(UV) pip install -q --python $(VENV_LANGFLOW)/bin/python 'langflow==$(LANGFLOW_VERSION)' -e .
+	rm -rf $(VENV_LANGFLOW)/sdist && $(UV) build -q --sdist --out-dir $(VENV_LANGFLOW)/sdist .
+	$(UV) pip install -q --python $(VENV_LANGFLOW)/bin/python --reinstall-package langflow-sandbox-createos \
+	  'langflow==$(LANGFLOW_VERSION)' $(VENV_LANGFLOW)/sdist/*.tar.gz
 	@touch $@
 
 langflow: $(LANGFLOW_STAMP)

@@ -8,6 +8,7 @@ packages=(
   bubblewrap                            # namespaces for createos-local guests
   clang libclang-rt-14-dev              # libFuzzer harnesses (make fuzz)
   ca-certificates
+  chromium                              # headless browser check of the canvas (tests/e2e)
 )
 missing=()
 for p in "${packages[@]}"; do

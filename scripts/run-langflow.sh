@@ -37,6 +37,7 @@ fi
 PY="$ROOT/$VENV_LANGFLOW/bin/python"
 [ -x "$PY" ] || { echo "missing $VENV_LANGFLOW: run 'make langflow'" >&2; exit 1; }
 mkdir -p "$RUN_DIR"
+RUN_DIR=$(cd "$RUN_DIR" && pwd)
 
 port_free() { "$PY" -c 'import socket,sys; s=socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null; }
 if ! port_free "$LANGFLOW_PORT"; then
@@ -51,14 +52,14 @@ cleanup() {
   set +e
   if [ -n "$LF_PID" ] && kill -0 "$LF_PID" 2>/dev/null; then
     say "stopping Langflow (pid $LF_PID)"
-    kill -TERM -- "-$LF_PID" 2>/dev/null
-    for _ in $(seq 1 30); do kill -0 "$LF_PID" 2>/dev/null || break; sleep 0.5; done
+    kill -INT -- "-$LF_PID" 2>/dev/null  # gunicorn: INT is the quick shutdown, TERM the graceful one
+    for _ in $(seq 1 40); do kill -0 "$LF_PID" 2>/dev/null || break; sleep 0.5; done
     kill -KILL -- "-$LF_PID" 2>/dev/null
   fi
   if [ "$LOCAL_PLANE" = 1 ]; then
     if [ -n "$CP_PID" ] && kill -0 "$CP_PID" 2>/dev/null; then
       say "deleting every guest the plugin left on createos-local"
-      "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap --yes
+      (cd "$RUN_DIR" && "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap --yes)
       say "stopping createos-local (pid $CP_PID)"
       kill -TERM -- "-$CP_PID" 2>/dev/null
       for _ in $(seq 1 20); do kill -0 "$CP_PID" 2>/dev/null || break; sleep 0.5; done
@@ -86,9 +87,9 @@ else
   LOCAL_PLANE=1
   port_free "$CREATEOS_LOCAL_PORT" || { say "port $CREATEOS_LOCAL_PORT is taken: createos-local picks a free one"; CREATEOS_LOCAL_PORT=0; }
   rm -f "$RUN_DIR/createos-local.port"
-  setsid "$ROOT/$VENV_LANGFLOW/bin/createos-local" --host 127.0.0.1 --port "$CREATEOS_LOCAL_PORT" \
+  (cd "$RUN_DIR" && exec setsid "$ROOT/$VENV_LANGFLOW/bin/createos-local" --host 127.0.0.1 --port "$CREATEOS_LOCAL_PORT" \
     --api-key "$LOCAL_API_KEY" --state-dir "$RUN_DIR/createos-local" \
-    --port-file "$RUN_DIR/createos-local.port" >"$RUN_DIR/createos-local.log" 2>&1 &
+    --port-file "$RUN_DIR/createos-local.port" >"$RUN_DIR/createos-local.log" 2>&1) &
   CP_PID=$!
   echo "$CP_PID" >"$RUN_DIR/createos-local.pid"
   for _ in $(seq 1 100); do [ -s "$RUN_DIR/createos-local.port" ] && break; kill -0 "$CP_PID" || break; sleep 0.1; done
@@ -118,9 +119,11 @@ export LANGFLOW_CONFIG_DIR=${LANGFLOW_CONFIG_DIR:-$RUN_DIR/langflow}
 export LANGFLOW_DATABASE_URL=${LANGFLOW_DATABASE_URL:-sqlite:///$RUN_DIR/langflow/langflow.db}
 export LITELLM_LOCAL_MODEL_COST_MAP=${LITELLM_LOCAL_MODEL_COST_MAP:-True}  # no fetch (and retries) at start
 mkdir -p "$LANGFLOW_CONFIG_DIR"
-# Let Python write .pyc files: the first start compiles Langflow, later starts are faster.
-env -u PYTHONDONTWRITEBYTECODE setsid "$ROOT/$VENV_LANGFLOW/bin/langflow" run --host "$LANGFLOW_HOST" \
-  --port "$LANGFLOW_PORT" --no-open-browser >"$RUN_DIR/langflow.log" 2>&1 &
+# Started from $RUN_DIR: from the checkout, its gunicorn workers would import the source tree's
+# package (and its in-place .so) instead of the one installed in $VENV_LANGFLOW.
+# Python may write .pyc files: the first start compiles Langflow, later starts are faster.
+(cd "$RUN_DIR" && exec env -u PYTHONDONTWRITEBYTECODE setsid "$ROOT/$VENV_LANGFLOW/bin/langflow" run \
+  --host "$LANGFLOW_HOST" --port "$LANGFLOW_PORT" --no-open-browser >"$RUN_DIR/langflow.log" 2>&1) &
 LF_PID=$!
 echo "$LF_PID" >"$RUN_DIR/langflow.pid"
 URL="http://$LANGFLOW_HOST:$LANGFLOW_PORT"

@@ -31,7 +31,7 @@ from langflow_sandbox_createos.starter import LangflowClient
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_LANGFLOW = ROOT / os.environ.get("VENV_LANGFLOW", ".venv-langflow")
-START_TIMEOUT = float(os.environ.get("LANGFLOW_E2E_START_TIMEOUT", "300"))
+START_TIMEOUT = float(os.environ.get("LANGFLOW_E2E_START_TIMEOUT", "420"))
 ARTIFACTS = ROOT / "tests" / "artifacts"
 # The plugin's settings must come from the script, never from the test process.
 _SCRUB = ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY", "CREATEOS_SANDBOX_BASE_URL", "LANGFLOW_")

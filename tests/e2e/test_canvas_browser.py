@@ -1,0 +1,102 @@
+"""The canvas as a user sees it: Debian's chromium, headless, driven by Playwright for Python
+(the system browser through ``executable_path``; ``playwright install`` is never run).
+
+On ``make run``'s server (conftest.py) it opens the starter flow, finds "CreateOS Sandbox" in
+the component search, runs the flow from the Playground, and checks that both outputs name a
+guest that createos-local really ran. Screenshots land in tests/artifacts/ (not committed):
+
+  canvas-search.png  the canvas with the starter flow and the search result "CreateOS Sandbox"
+  canvas-run.png     the Playground after "Run Flow": both outputs, each with its guest's id
+  canvas-added.png   the canvas after adding a second CreateOS Sandbox from the search result
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.langflow, pytest.mark.timeout(600)]
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+SANDBOX_ID = re.compile(r"\bsb-[0-9a-z]{10,}\b")
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[test]'")
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is missing: run scripts/install-system-deps.sh")
+    with sync_api.sync_playwright() as pw:
+        # --no-sandbox: chromium's own sandbox refuses to run as root (CI containers).
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(60_000)
+    console: list[str] = []
+    pg.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    yield pg
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "canvas-console.txt").write_text("\n".join(console[-300:]))
+    context.close()
+
+
+def test_canvas_search_and_run(langflow_server: Any, page: Any) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    before = {sb["id"] for sb in langflow_server.sandboxes()}
+
+    # 1. The starter flow that make run imported, on the canvas.
+    page.goto(f"{langflow_server.url}/flow/{langflow_server.starter_flow_id}", timeout=120_000)
+    page.wait_for_selector('[data-testid="rf__node-PythonREPLComponent-cos01"]', timeout=120_000)
+    page.wait_for_selector('[data-testid="rf__node-CreateOSSandbox-cos02"]')
+
+    # 2. The component search finds "CreateOS Sandbox" (the extension's component).
+    page.fill('[data-testid="sidebar-search-input"]', "CreateOS Sandbox")
+    sidebar = page.locator('[data-testid="shad-sidebar"]')
+    hit = sidebar.locator('[data-testid="display-name"]', has_text="CreateOS Sandbox")
+    hit.first.wait_for(state="visible")
+    assert sidebar.locator('[data-testid="add-component-button-createos-sandbox"]').count() == 1
+    page.screenshot(path=str(ARTIFACTS / "canvas-search.png"))
+
+    # 3. Run the flow from the Playground; both Chat Outputs must name their guest.
+    page.click('[data-testid="playground-btn-flow-io"]')
+    page.locator('[data-testid="button-send"]').wait_for(state="visible")
+    page.wait_for_timeout(1000)  # earlier runs' messages, if any, render first
+    seen = page.evaluate("() => (document.body.innerText.match(/ ran on sb-/g) || []).length")
+    page.click('[data-testid="button-send"]')
+    page.wait_for_function(
+        f"() => (document.body.innerText.match(/ ran on sb-/g) || []).length >= {seen} + 2", timeout=180_000
+    )
+    page.wait_for_timeout(500)  # let the second message finish rendering before the screenshot
+    page.screenshot(path=str(ARTIFACTS / "canvas-run.png"))
+    text = page.locator("body").inner_text()
+    interpreter = re.findall(r"Python Interpreter ran on (sb-[0-9a-z]+)", text)[-1]
+    sandbox = re.findall(r"CreateOS Sandbox ran on (sb-[0-9a-z]+)", text)[-1]
+    assert f'"sandbox_id": "{sandbox}"' in text  # the component's Results, as rendered
+
+    new = {sb["id"] for sb in langflow_server.sandboxes()} - before
+    assert interpreter in new and sandbox in new and interpreter != sandbox, (interpreter, sandbox, new)
+
+    # 4. The search result is usable: "+" drops a second CreateOS Sandbox on the canvas.
+    page.click('[data-testid="playground-close-button"]')
+    page.fill('[data-testid="sidebar-search-input"]', "CreateOS Sandbox")
+    page.click('[data-testid="add-component-button-createos-sandbox"]')
+    titles = page.locator('[data-testid="title-CreateOS Sandbox"]')
+    page.wait_for_function(
+        "() => document.querySelectorAll('[data-testid=\"title-CreateOS Sandbox\"]').length === 2"
+    )
+    assert titles.count() == 2
+    page.screenshot(path=str(ARTIFACTS / "canvas-added.png"))
