@@ -59,26 +59,29 @@ class Endpoint:
 class _Endpoints:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_key: dict[tuple[str, str], Endpoint] = {}
+        self._by_key: dict[tuple[str, str, int], Endpoint] = {}
 
     def get(self) -> Endpoint:
         """The endpoint for the current settings. Raises SandboxUnavailableError on bad settings."""
         try:
             key = settings.api_key()
             url = settings.base_url()
+            control_timeout = settings.control_timeout()
         except SettingsError as exc:
             raise SandboxUnavailableError(str(exc)) from None
         digest = hashlib.blake2s(key.value.encode(), digest_size=16).hexdigest()
         with self._lock:
-            endpoint = self._by_key.get((url, digest))
+            endpoint = self._by_key.get((url, digest, control_timeout))
             if endpoint is None:
                 native = _native()
                 try:
-                    client = native.Client(url, key.value, user_agent=USER_AGENT)
+                    client = native.Client(
+                        url, key.value, user_agent=USER_AGENT, control_timeout=float(control_timeout)
+                    )
                 except native.CreateOSError as exc:
                     raise to_lfx_error(exc, "configure the CreateOS client") from None
                 endpoint = Endpoint(client=client, base_url=url, key_source=key.source)
-                self._by_key[(url, digest)] = endpoint
+                self._by_key[(url, digest, control_timeout)] = endpoint
             return endpoint
 
     def all(self) -> list[Endpoint]:

@@ -20,6 +20,7 @@ DEFAULT_ROOTFS = "devbox:1"
 DEFAULT_COMPONENT_SHAPE = "s-2vcpu-4gb"
 DEFAULT_EXECUTOR_SHAPE = "s-4vcpu-8gb"
 DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+DEFAULT_CONTROL_TIMEOUT_SECONDS = 60  # the native client's own default
 MIN_SHAPE_MEMORY_MIB = 4096
 KEY_HELP_URL = "https://createos.sh/app/profile"
 
@@ -241,6 +242,19 @@ def backend_settings(environ: Mapping[str, str] | None = None) -> BackendSetting
             "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", DEFAULT_MAX_OUTPUT_BYTES, minimum=1024, environ=environ
         ),
         warm_pool=parse_int("CREATEOS_SANDBOX_WARM_POOL", 0, minimum=0, maximum=64, environ=environ),
+    )
+
+
+def control_timeout(environ: Mapping[str, str] | None = None) -> int:
+    """CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS: the whole deadline of one control-plane call
+    (whoami, shapes, create, list, get, resume, upload, download, delete), connect included.
+    Exec deadlines are separate (each surface's own timeout plus its grace)."""
+    return parse_int(
+        "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS",
+        DEFAULT_CONTROL_TIMEOUT_SECONDS,
+        minimum=1,
+        maximum=MAX_TIMEOUT_SECONDS,
+        environ=environ,
     )
 
 
