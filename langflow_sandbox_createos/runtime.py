@@ -218,9 +218,9 @@ def catalog(endpoint: Endpoint) -> tuple[tuple[int, str], ...]:
             try:
                 rows = endpoint.client.shapes()  # type: ignore[attr-defined]
             except native.CreateOSError as exc:
-                raise SandboxUnavailableError(
-                    f"CreateOS: could not read the shape catalog: {describe(exc)}"
-                ) from None
+                # classified like every other call: a 429, 5xx, transport or protocol fault
+                # here is as transient as it is anywhere else
+                raise to_lfx_error(exc, "read the shape catalog") from None
             endpoint.shapes = parse_catalog(rows)
         return endpoint.shapes
 

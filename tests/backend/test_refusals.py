@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lfx.utils.sandbox.base import SandboxUnavailableError
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos.backend import CreateOSBackend
 
@@ -145,7 +145,9 @@ def test_cache_refreshes_when_the_key_or_url_changes(
     backend_env.set_faults({"rules": [{"route": "shapes", "status": 500}]})
     monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", url)
     monkeypatch.setenv("CREATEOS_SANDBOX_API_KEY", backend_env.api_key)
-    assert "could not read the shape catalog" in _refused(backend, backend_env)
+    with pytest.raises(SandboxExecutionError, match="could not read the shape catalog") as failed:
+        backend.run("print(0)")
+    assert not isinstance(failed.value, SandboxUnavailableError)  # a 5xx is transient
     backend_env.clear_faults()
     assert backend.run("print(3)").exit_code == 0
 
