@@ -166,6 +166,7 @@ class CreateOSBackend:
             else:
                 result = client.run_program(create, *run_args, **run_kwargs)
         except native.CreateOSError as exc:
+            runtime.reap_lost_create(client, create["name"], exc)
             error = runtime.to_lfx_error(exc, "run the program on a CreateOS guest")
             guest = getattr(exc, "sandbox_id", None)
             if guest:

@@ -186,9 +186,11 @@ class _Run:
 
     def _create_blocking(self) -> str:
         native = runtime._native()
+        spec = self._create_spec()
         try:
-            created = self.client.create(self._create_spec())
+            created = self.client.create(spec)
         except native.CreateOSError as exc:
+            runtime.reap_lost_create(self.client, spec["name"], exc)
             raise runtime.to_lfx_error(exc, "create the executor guest") from None
         sandbox_id = created.get("id") if isinstance(created, dict) else None
         if not isinstance(sandbox_id, str):

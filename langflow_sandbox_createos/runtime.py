@@ -158,6 +158,57 @@ def to_lfx_error(exc: BaseException, action: str) -> SandboxExecutionError:
     return SandboxExecutionError(message)
 
 
+# --- guests whose create or delete did not go as planned ------------------------------------
+
+
+def create_may_have_landed(exc: BaseException) -> bool:
+    """Whether a failed create may still have made its guest: its answer was lost (deadline,
+    reset, cut or garbled body) or was a 5xx from somewhere in between. A 4xx, 429 included,
+    is a definite refusal."""
+    if getattr(exc, "sandbox_id", None):
+        return False  # the caller knows the guest and deletes it
+    status = getattr(exc, "status", None)
+    return status is None or not 400 <= status < 500
+
+
+def reap_lost_create(client: object, name: str, exc: BaseException) -> None:
+    """After a create whose answer was lost, find the guest by its unique name and delete it,
+    so an answer cut in flight never orphans a VM. Best effort, logged, never raises."""
+    if not name or not create_may_have_landed(exc):
+        return
+    native = _native()
+    try:
+        rows = client.list(prefix=name)  # type: ignore[attr-defined]
+    except native.CreateOSError as lookup:
+        logger.warning(
+            "CreateOS: a create failed without a usable answer and the guest named %s could not be "
+            "looked up (%s). If it exists, auto-pause bounds its cost; delete leftovers with "
+            "'createos-langflow reap --yes'.",
+            name,
+            describe(lookup),
+        )
+        return
+    for row in rows:
+        if row.get("name") != name or row.get("status") in ("destroyed", "failed"):
+            continue
+        try:
+            client.delete(row["id"])  # type: ignore[attr-defined]
+        except native.CreateOSError as failed:
+            logger.warning(
+                "CreateOS: could not delete guest %s (%s), created by a request whose answer was lost: "
+                "%s. Auto-pause bounds its cost; delete leftovers with 'createos-langflow reap --yes'.",
+                row.get("id"),
+                name,
+                describe(failed),
+            )
+        else:
+            logger.info(
+                "CreateOS: deleted guest %s (%s), created by a request whose answer was lost",
+                row.get("id"),
+                name,
+            )
+
+
 # --- network policy ------------------------------------------------------------------------
 
 

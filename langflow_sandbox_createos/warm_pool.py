@@ -39,6 +39,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from langflow_sandbox_createos import runtime
+
 logger = logging.getLogger("langflow_sandbox_createos.warm_pool")
 
 NAME_PREFIX = "lf-w-"
@@ -270,10 +272,12 @@ class WarmPool:
     def _create(self, pool: _Pool, generation: int) -> None:
         key = pool.key
         started = time.monotonic()
+        name = self._random_name(NAME_PREFIX)
         try:
-            view = pool.client.create(key.create_spec(self._random_name(NAME_PREFIX)))
+            view = pool.client.create(key.create_spec(name))
             sandbox_id = view["id"]
         except Exception as exc:
+            runtime.reap_lost_create(pool.client, name, exc)
             with self._cond:
                 pool.pending -= 1
                 pool.failures += 1

@@ -538,20 +538,28 @@ def _run_fresh(
     if not req.collect:
         phase.action = "run the program on a new guest"
         note("Running on a new guest…")
-        result = client.run_program(
-            spec,
-            "/bin/sh",
-            program.argv,
-            files=program.files,
-            timeout=program.exec_timeout,
-            max_output_bytes=_max_output_bytes(),
-            on_output=on_output,
-            delete="wait",
-        )
+        try:
+            result = client.run_program(
+                spec,
+                "/bin/sh",
+                program.argv,
+                files=program.files,
+                timeout=program.exec_timeout,
+                max_output_bytes=_max_output_bytes(),
+                on_output=on_output,
+                delete="wait",
+            )
+        except native.CreateOSError as exc:
+            runtime.reap_lost_create(client, spec["name"], exc)
+            raise
         return _outcome(result, req, result.sandbox_id, False)
     phase.action = "create a guest"
     note("Creating a guest…")
-    sandbox_id = str(client.create(spec)["id"])
+    try:
+        sandbox_id = str(client.create(spec)["id"])
+    except native.CreateOSError as exc:
+        runtime.reap_lost_create(client, spec["name"], exc)
+        raise
     try:
         phase.action = f"run the program on guest {sandbox_id}"
         note(f"Running on new guest {sandbox_id}…")
