@@ -7,11 +7,13 @@ Importing this module is cheap and reads no settings.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -206,6 +208,43 @@ def reap_lost_create(client: object, name: str, exc: BaseException) -> None:
                 "CreateOS: deleted guest %s (%s), created by a request whose answer was lost",
                 row.get("id"),
                 name,
+            )
+
+
+def log_pending_deletes(timeout: float) -> None:
+    """Wait up to `timeout` for the background deletes of every client, logging each outcome.
+    Runs at process exit, so a delete that failed in the last run is still reported."""
+    deadline = time.monotonic() + timeout
+    for endpoint in endpoints.all():
+        try:
+            pending = endpoint.client.pending_deletes()  # type: ignore[attr-defined]
+        except Exception:  # a closed client has nothing to wait for
+            continue
+        log_delete_outcomes(endpoint.client, max(0.0, deadline - time.monotonic()) if pending else 0.0)
+
+
+EXIT_DRAIN_SECONDS = 5.0
+atexit.register(log_pending_deletes, EXIT_DRAIN_SECONDS)
+
+
+def log_delete_outcomes(client: object, timeout: float, log: logging.Logger = logger) -> None:
+    """Log the outcome of every background delete that finished (never the key): the
+    component's counterpart of the backend's, for deletes the native client retried."""
+    try:
+        outcomes = client.drain_deletes(timeout)  # type: ignore[attr-defined]
+    except Exception:  # collecting outcomes must never fail a run
+        log.debug("drain_deletes failed", exc_info=True)
+        return
+    for sandbox_id, status, error in outcomes:
+        if error is None and (status is None or 200 <= status < 300 or status == 404):
+            log.debug("CreateOS: deleted guest %s (HTTP %s)", sandbox_id, status)
+        else:
+            log.warning(
+                "CreateOS: could not delete guest %s (HTTP %s): %s. Auto-pause bounds its cost; "
+                "delete leftovers with 'createos-langflow reap --yes'.",
+                sandbox_id,
+                status,
+                error or "unexpected status",
             )
 
 

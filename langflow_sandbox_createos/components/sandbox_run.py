@@ -559,6 +559,10 @@ def _run_fresh(
         except native.CreateOSError as exc:
             runtime.reap_lost_create(client, spec["name"], exc)
             raise
+        finally:
+            # a delete that failed is retried by the native client in the background: log the
+            # outcomes finished so far (the rest: the next run, or process exit)
+            runtime.log_delete_outcomes(client, 0.0, logger)
         return _outcome(result, req, result.sandbox_id, False)
     phase.action = "create a guest"
     note("Creating a guest…")
