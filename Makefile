@@ -64,8 +64,9 @@ sanitize: $(STAMP)
 fuzz: deps
 	$(MAKE) -C csrc/fuzz run FUZZ_SECONDS=$(FUZZ_SECONDS)
 
+# Side by side with the peer plugin 0.2.0 (its own venv, benchmarks/.peer-venv); ~10 min.
 bench: $(STAMP)
-	$(VPY) -m pip install -q '.[bench]' --no-build-isolation -e .
+	$(VPY) -m pip install -q --no-build-isolation -e '.[bench]'
 	$(VPY) benchmarks/run.py
 
 soak: $(STAMP)
