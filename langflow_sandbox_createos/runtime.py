@@ -114,7 +114,11 @@ if hasattr(os, "register_at_fork"):
 # --- errors ------------------------------------------------------------------------------
 
 _STATUS_HINTS = {
-    400: "the control plane rejected the request; check the shape, rootfs and egress settings",
+    400: (
+        "the control plane rejected the request; check the shape and image settings "
+        "(CREATEOS_SANDBOX_SHAPE, CREATEOS_SANDBOX_ROOTFS; for the executor CREATEOS_EXECUTOR_SHAPE, "
+        "CREATEOS_EXECUTOR_ROOTFS) and the egress settings"
+    ),
     401: "the API key was refused; check CREATEOS_SANDBOX_API_KEY (or CREATEOS_API_KEY)",
     402: "the CreateOS account has no credit left; add credit to the account",
     403: "the account is not allowed to do this (quota or permissions); check the account's limits",
