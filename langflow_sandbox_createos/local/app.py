@@ -23,7 +23,7 @@ from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Scope
 
 from .catalog import DEFAULT_DISK_MIB, DEFAULT_ROOTFS, SHAPES
-from .cgroups import CgroupManager
+from .cgroups import GUEST_PIDS_MAX, CgroupManager
 from .config import ServerConfig
 from .envelope import ApiError, bad_request, error, fail, success
 from .execution import ExecStreamResponse, run_buffered
@@ -110,6 +110,7 @@ class Plane:
             "connections_opened": self.counters.connections_opened,
             "bytes_sent": self.counters.bytes_sent,
             "memory_enforced": self.memory_enforced,
+            "pids_limit": GUEST_PIDS_MAX if self.cgroups.pids_parent is not None else None,
             "isolation": "bwrap" if self.config.isolation else False,
             "streaming": self.streaming_enabled,
             "faults": self.faults.as_json(),

@@ -1,6 +1,8 @@
-"""cgroup v1 memory and freezer groups, one pair per sandbox, under a per-server parent.
+"""cgroup v1 memory, freezer and pids groups, one set per sandbox, under a per-server parent.
 
-Used when ``/sys/fs/cgroup/{memory,freezer}`` are writable (we run as root on cgroup v1).
+Used when ``/sys/fs/cgroup/{memory,freezer,pids}`` are writable (we run as root on cgroup v1).
+The pids group caps a sandbox at ``GUEST_PIDS_MAX`` tasks (threads count), so a fork bomb
+fails with EAGAIN inside its guest instead of exhausting the host's PID space.
 Guests join their groups through the launcher shell (see ``guest.py``) before ``bwrap`` runs,
 so every process of an exec is accounted, frozen on pause and killed on delete.
 """
@@ -15,6 +17,7 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT_PREFIX = "createos-local-"
+GUEST_PIDS_MAX = 1024  # tasks per sandbox (processes and threads of all its execs)
 
 
 def _writable_parent(controller: str, tag: str) -> Path | None:
@@ -59,15 +62,17 @@ def _remove_group(group: Path, freezer: bool) -> None:
 
 
 class SandboxCgroups:
-    def __init__(self, memory: Path | None, freezer: Path | None) -> None:
+    def __init__(self, memory: Path | None, freezer: Path | None, pids: Path | None = None) -> None:
         self.memory = memory
         self.freezer = freezer
+        self.pids_group = pids
 
     def procs_files(self) -> list[str]:
-        return [str(g / "cgroup.procs") for g in (self.memory, self.freezer) if g is not None]
+        groups = (self.memory, self.freezer, self.pids_group)
+        return [str(g / "cgroup.procs") for g in groups if g is not None]
 
     def pids(self) -> list[int]:
-        group = self.freezer or self.memory
+        group = self.freezer or self.memory or self.pids_group
         return _read_pids(group) if group else []
 
     def freeze(self) -> bool:
@@ -95,6 +100,8 @@ class SandboxCgroups:
             _remove_group(self.freezer, freezer=True)
         if self.memory is not None:
             _remove_group(self.memory, freezer=False)
+        if self.pids_group is not None:
+            _remove_group(self.pids_group, freezer=False)
 
 
 class CgroupManager:
@@ -106,9 +113,10 @@ class CgroupManager:
             _cleanup_stale()
         self.memory_parent = _writable_parent("memory", tag) if enabled else None
         self.freezer_parent = _writable_parent("freezer", tag) if enabled else None
+        self.pids_parent = _writable_parent("pids", tag) if enabled else None
 
     def create(self, sandbox_id: str, mem_mib: int) -> SandboxCgroups:
-        memory = freezer = None
+        memory = freezer = pids = None
         if self.memory_parent is not None:
             memory = self.memory_parent / sandbox_id
             try:
@@ -122,10 +130,18 @@ class CgroupManager:
                 freezer.mkdir(exist_ok=True)
             except OSError:
                 freezer = None
-        return SandboxCgroups(memory, freezer)
+        if self.pids_parent is not None:
+            pids = self.pids_parent / sandbox_id
+            try:
+                pids.mkdir(exist_ok=True)
+                (pids / "pids.max").write_text(str(GUEST_PIDS_MAX))
+            except OSError:
+                pids = None
+        return SandboxCgroups(memory, freezer, pids)
 
     def close(self) -> None:
-        for parent, is_freezer in ((self.freezer_parent, True), (self.memory_parent, False)):
+        parents = ((self.freezer_parent, True), (self.memory_parent, False), (self.pids_parent, False))
+        for parent, is_freezer in parents:
             if parent is None or not parent.exists():
                 continue
             for child in parent.iterdir():
@@ -137,7 +153,7 @@ class CgroupManager:
 
 def _cleanup_stale() -> None:
     """Remove the groups left behind by a createos-local that was killed without cleanup."""
-    for controller in ("freezer", "memory"):
+    for controller in ("freezer", "memory", "pids"):
         base = CGROUP_ROOT / controller
         try:
             parents = [p for p in base.iterdir() if p.name.startswith(PARENT_PREFIX)]
