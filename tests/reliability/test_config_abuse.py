@@ -1,0 +1,400 @@
+"""Configuration abuse: every setting of every surface, given empty, whitespace, non-numeric
+and negative values; hostile base URLs; keys that would inject headers.
+
+Contract (docs/backend.md "Settings", docs/executor.md "Settings", settings.py): a blank
+value is unset (the documented default applies); any other unusable value fails the run
+with ``SandboxUnavailableError`` naming the variable, before a guest exists. A key with
+whitespace, control or non-ASCII characters is refused before any request is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+
+from langflow_sandbox_createos import runtime, settings
+from langflow_sandbox_createos.components import sandbox_run
+
+from . import harness
+from .harness import API_KEY, driver, leaks_key
+
+pytestmark = pytest.mark.timeout(300)
+
+ALL = ("backend", "component", "executor")
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    kind: str  # int | bool | domains | rootfs | shape | egress | envnames | free | key | url
+    surfaces: tuple[str, ...]
+    default: Any  # what a blank value means (checked through settings.py)
+
+
+VARS: tuple[Var, ...] = (
+    Var("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "int", ("backend",), 30),
+    Var("LANGFLOW_SANDBOX_MEMORY_MB", "int", ("backend",), 192),
+    Var("LANGFLOW_SANDBOX_ALLOW_NETWORK", "bool", ("backend",), False),
+    Var("LANGFLOW_SANDBOX_ALLOWED_DOMAINS", "domains", ("backend",), ()),
+    Var("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "bool", ("backend", "component"), False),
+    Var("CREATEOS_SANDBOX_ROOTFS", "rootfs", ALL, "devbox:1"),
+    Var("CREATEOS_SANDBOX_SHAPE", "shape", ("backend", "component"), None),
+    Var("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", "int", ALL, 16 * MiB),
+    Var("CREATEOS_SANDBOX_WARM_POOL", "int", ("backend",), 0),
+    Var("CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS", "int", ALL, 60),
+    Var("CREATEOS_SANDBOX_API_KEY", "key", ALL, None),
+    Var("CREATEOS_SANDBOX_BASE_URL", "url", ALL, settings.DEFAULT_BASE_URL),
+    Var("CREATEOS_EXECUTOR_ROOTFS", "rootfs", ("executor",), "devbox:1"),
+    Var("CREATEOS_EXECUTOR_SHAPE", "rootfs", ("executor",), settings.DEFAULT_EXECUTOR_SHAPE),
+    Var("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "int", ("executor",), 600),
+    Var("CREATEOS_EXECUTOR_EGRESS", "egress", ("executor",), ("*",)),
+    Var("CREATEOS_EXECUTOR_INSTALL_LFX", "bool", ("executor",), False),
+    Var("CREATEOS_EXECUTOR_PIP", "free", ("executor",), ()),
+    Var("CREATEOS_EXECUTOR_LFX_VERSION", "free", ("executor",), None),
+    Var("CREATEOS_EXECUTOR_ENV", "envnames", ("executor",), ()),
+)
+ALL_NAMES = (*(v.name for v in VARS), "CREATEOS_API_KEY")
+
+BAD = {"non-numeric": "abc", "negative": "-5"}
+BLANK = {"empty": "", "whitespace": "  \t "}
+
+# What the refusal must say, per kind of variable (besides the variable's name).
+REFUSAL = {
+    "int": {"non-numeric": "is not a whole number", "negative": "below the minimum"},
+    "bool": {"non-numeric": "is not a boolean", "negative": "is not a boolean"},
+    "domains": {
+        "non-numeric": "does not enforce hostname rules",
+        "negative": "does not enforce hostname rules",
+    },
+    "rootfs": {"non-numeric": "HTTP 400", "negative": "HTTP 400"},
+    "shape": {
+        "non-numeric": "is not in the CreateOS shape catalog",
+        "negative": "is not in the CreateOS shape catalog",
+    },
+    "egress": {"non-numeric": "is not an IPv4 address or CIDR", "negative": "is not an IPv4 address or CIDR"},
+    "envnames": {"negative": "is not an environment variable name"},
+    "key": {"non-numeric": "HTTP 401", "negative": "HTTP 401"},
+    "url": {"non-numeric": "must be an http(s) URL", "negative": "must be an http(s) URL"},
+}
+NOT_APPLICABLE = {
+    ("free", "non-numeric"): "free text handed to pip only with CREATEOS_EXECUTOR_INSTALL_LFX=true",
+    ("free", "negative"): "free text handed to pip only with CREATEOS_EXECUTOR_INSTALL_LFX=true",
+    ("envnames", "non-numeric"): "'abc' is a valid variable name: unset on the host, it is skipped with a "
+    "warning (tests/executor)",
+}
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[Any]:
+    (p,) = harness.start_planes(1)
+    try:
+        yield p
+    finally:
+        harness.forget_endpoint(p.url)
+        p.stop()
+
+
+@pytest.fixture
+def env(plane: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A runnable baseline: only the key, the URL and the egress acknowledgement are set."""
+    monkeypatch.setattr(settings, "_lfx_sandbox_settings", lambda: None)
+    for name in ALL_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CREATEOS_SANDBOX_API_KEY", plane.api_key)
+    monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", plane.url)
+    monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
+    plane.clear_faults()
+    yield plane
+    plane.clear_faults()
+    harness.drain_backend_deletes()
+    plane.delete_all()
+    sandbox_run.guest_ids.clear()
+    assert plane.wait_until_no_live(timeout=10) == []
+
+
+def _v1_requests(plane: Any) -> int:
+    requests = plane.stats()["requests"]
+    return sum(n for route, n in requests.items() if route not in ("local_stats", "local_faults", "healthz"))
+
+
+def _run(surface: str, **kwargs: Any) -> harness.Outcome:
+    if surface == "backend":
+        return driver.backend("print('config-ok')")
+    if surface == "component":
+        return driver.component(
+            "print('config-ok')", component_id="CreateOSSandbox-config", shape="", **kwargs
+        )
+    return driver.executor("config-ok")
+
+
+def _cases() -> list[Any]:
+    out = []
+    for var in VARS:
+        for surface in var.surfaces:
+            for label in BAD:
+                reason = NOT_APPLICABLE.get((var.kind, label))
+                marks = [pytest.mark.skip(reason=reason)] if reason else []
+                out.append(pytest.param(var, surface, label, id=f"{var.name}-{surface}-{label}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize(("var", "surface", "label"), _cases())
+def test_bad_value_is_refused_naming_the_variable(
+    var: Var, surface: str, label: str, env: Any, monkeypatch
+) -> None:
+    monkeypatch.setenv(var.name, BAD[label])
+    before_ids = {sb["id"] for sb in env.sandboxes()}
+    before = _v1_requests(env)
+    out = _run(surface)
+    assert out.exc is not None, f"{var.name}={BAD[label]!r} was accepted: {out.value!r:.300}"
+    assert type(out.exc) is SandboxUnavailableError, f"{type(out.exc).__name__}: {out.exc}"
+    message = str(out.exc)
+    # (image and executor shape names are judged by the control plane: its 400 must name them)
+    assert var.name in message, message
+    assert REFUSAL[var.kind][label] in message, message
+    assert not leaks_key(message) and not any(leaks_key(t) for t in out.exc_texts())
+    created = {sb["id"] for sb in env.sandboxes()} - before_ids
+    assert not created, f"a refused setting still created guest(s) {created}"
+    if var.kind not in ("key", "rootfs", "shape"):
+        # nothing to ask the control plane about: refused before any request
+        assert _v1_requests(env) == before, "a refused setting still sent requests"
+
+
+@pytest.mark.parametrize("var", [pytest.param(v, id=v.name) for v in VARS])
+@pytest.mark.parametrize("label", list(BLANK))
+def test_blank_value_means_the_documented_default(var: Var, label: str, monkeypatch) -> None:
+    environ = {var.name: BLANK[label]}
+    if var.kind == "key":
+        with pytest.raises(settings.SettingsError, match="No CreateOS API key"):
+            settings.api_key(environ)
+        return
+    if var.kind == "url":
+        assert settings.base_url(environ) == var.default
+        return
+    if var.name.startswith("CREATEOS_EXECUTOR_") or var.name in ("CREATEOS_SANDBOX_ROOTFS",):
+        cfg = settings.executor_settings(environ)
+        got = {
+            "CREATEOS_EXECUTOR_ROOTFS": cfg.rootfs,
+            "CREATEOS_SANDBOX_ROOTFS": cfg.rootfs,
+            "CREATEOS_EXECUTOR_SHAPE": cfg.shape,
+            "CREATEOS_EXECUTOR_TIMEOUT_SECONDS": cfg.timeout_seconds,
+            "CREATEOS_EXECUTOR_EGRESS": cfg.egress,
+            "CREATEOS_EXECUTOR_INSTALL_LFX": cfg.install_lfx,
+            "CREATEOS_EXECUTOR_PIP": cfg.pip_extra,
+            "CREATEOS_EXECUTOR_LFX_VERSION": cfg.lfx_version,
+            "CREATEOS_EXECUTOR_ENV": cfg.env_allowlist,
+        }[var.name]
+        assert got == var.default
+        if var.name != "CREATEOS_SANDBOX_ROOTFS":
+            return
+    if var.name == "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS":
+        assert settings.control_timeout(environ) == var.default
+        return
+    monkeypatch.setattr(settings, "_lfx_sandbox_settings", lambda: None)
+    cfg_b = settings.backend_settings(environ)
+    got_b = {
+        "LANGFLOW_SANDBOX_TIMEOUT_SECONDS": cfg_b.timeout_seconds,
+        "LANGFLOW_SANDBOX_MEMORY_MB": cfg_b.memory_mb,
+        "LANGFLOW_SANDBOX_ALLOW_NETWORK": cfg_b.allow_network,
+        "LANGFLOW_SANDBOX_ALLOWED_DOMAINS": cfg_b.allowed_domains,
+        "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": cfg_b.accept_egress_exceptions,
+        "CREATEOS_SANDBOX_ROOTFS": cfg_b.rootfs,
+        "CREATEOS_SANDBOX_SHAPE": cfg_b.shape,
+        "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES": cfg_b.max_output_bytes,
+        "CREATEOS_SANDBOX_WARM_POOL": cfg_b.warm_pool,
+    }[var.name]
+    assert got_b == var.default
+
+
+@pytest.mark.parametrize("surface", ALL)
+def test_every_setting_blank_still_runs(surface: str, env: Any, monkeypatch) -> None:
+    """Blank is unset: with every variable the surface reads blank (but the key, the URL and
+    the egress acknowledgement), the run works on the documented defaults."""
+    keep = {
+        "CREATEOS_SANDBOX_API_KEY",
+        "CREATEOS_SANDBOX_BASE_URL",
+        "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS",
+    }
+    for var in VARS:
+        if surface in var.surfaces and var.name not in keep:
+            monkeypatch.setenv(var.name, "   ")
+    out = _run(surface)
+    assert out.exc is None, out.exc
+    assert "config-ok" in out.stdout
+
+
+# --- base URLs -----------------------------------------------------------------------------------
+
+
+class PrefixProxy:
+    """A loopback TCP relay that serves the control plane under /api: it removes the prefix
+    from every request line it relays (bytes otherwise untouched, streaming included)."""
+
+    def __init__(self, upstream_port: int, prefix: bytes = b"/api") -> None:
+        self.upstream_port = upstream_port
+        self.prefix = prefix
+        self.seen: list[bytes] = []
+        self._server = socket.socket()
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(64)
+        self.port = self._server.getsockname()[1]
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            threading.Thread(target=self._up, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+
+    def _up(self, src: socket.socket, dst: socket.socket) -> None:
+        needle = b" " + self.prefix + b"/"
+        pending = b""
+        with contextlib.suppress(OSError):
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                pending += data
+                # hold back only a tail that could start a needle split across reads
+                keep = next((n for n in range(len(needle) - 1, 0, -1) if pending.endswith(needle[:n])), 0)
+                head, pending = (pending[:-keep], pending[-keep:]) if keep else (pending, b"")
+                if needle in head:
+                    self.seen.append(head.split(b"\r\n", 1)[0])
+                dst.sendall(head.replace(needle, b" /"))
+            dst.sendall(pending.replace(needle, b" /"))
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._stop = True
+        self._server.close()
+
+
+@pytest.mark.parametrize("surface", ALL)
+def test_base_url_with_a_path_prefix_works(surface: str, env: Any, monkeypatch) -> None:
+    proxy = PrefixProxy(env.port)
+    try:
+        monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", f"http://127.0.0.1:{proxy.port}/api/")
+        out = _run(surface)
+        assert out.exc is None, out.exc
+        assert "config-ok" in out.stdout
+        assert any(b" /api/v1/" in line for line in proxy.seen), proxy.seen[:3]
+    finally:
+        harness.drain_backend_deletes()
+        harness.forget_endpoint(f"http://127.0.0.1:{proxy.port}/api")
+        proxy.close()
+
+
+REFUSED_URLS = {
+    "query": ("{url}/?token=1", "must not have a query string"),
+    "fragment": ("{url}#frag", "must not have a query string or fragment"),
+    "userinfo": ("http://admin:s3cr3t-pw@127.0.0.1:{port}", "must not contain credentials"),
+    "plain-http-remote": ("http://example.com", "plain http to a non-loopback host"),
+    "not-http": ("ftp://127.0.0.1:{port}", "must be an http(s) URL"),
+    "bad-port": ("http://127.0.0.1:99999", "is not a valid URL"),
+}
+
+
+@pytest.mark.parametrize("surface", ALL)
+@pytest.mark.parametrize("kind", list(REFUSED_URLS))
+def test_hostile_base_url_is_refused_before_any_request(
+    kind: str, surface: str, env: Any, monkeypatch
+) -> None:
+    template, fragment = REFUSED_URLS[kind]
+    monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", template.format(url=env.url, port=env.port))
+    before = _v1_requests(env)
+    out = _run(surface)
+    assert type(out.exc) is SandboxUnavailableError, out.exc
+    message = str(out.exc)
+    assert "CREATEOS_SANDBOX_BASE_URL" in message and fragment in message, message
+    assert "s3cr3t-pw" not in message  # userinfo is never echoed
+    assert _v1_requests(env) == before
+
+
+@pytest.mark.parametrize("surface", ALL)
+def test_unresolvable_host_fails_fast_and_names_the_setting(surface: str, env: Any, monkeypatch) -> None:
+    monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", "https://does-not-exist.invalid")
+    monkeypatch.setenv("CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS", "10")
+    out = _run(surface)
+    try:
+        assert isinstance(out.exc, SandboxExecutionError), out.exc
+        if surface == "backend":  # the preflight's documented "unreachable" refusal
+            assert type(out.exc) is SandboxUnavailableError and "is unreachable" in str(out.exc)
+        else:  # a transport failure, like any other
+            assert type(out.exc) is SandboxExecutionError, out.exc
+        assert "CREATEOS_SANDBOX_BASE_URL" in str(out.exc)
+        assert out.elapsed < 12.0
+    finally:
+        harness.forget_endpoint("https://does-not-exist.invalid")
+
+
+# --- keys that would inject headers ----------------------------------------------------------------
+
+INJECTING_KEYS = {
+    "newline": API_KEY[:20] + "\nX-Injected: 1",
+    "crlf": API_KEY[:20] + "\r\nX-Injected: 1",
+    "inner-space": API_KEY[:20] + " " + API_KEY[20:],
+    "tab": API_KEY[:20] + "\t" + API_KEY[20:],
+    "non-ascii": API_KEY[:20] + "é" + API_KEY[20:],
+    "del": API_KEY[:20] + "\x7f",
+    "nbsp": API_KEY[:20] + "\u00a0" + API_KEY[20:],
+}
+
+
+@pytest.mark.parametrize("surface", ALL)
+@pytest.mark.parametrize("kind", list(INJECTING_KEYS))
+@pytest.mark.parametrize("variable", ["CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY"])
+def test_key_that_could_inject_headers_is_refused_before_any_request(
+    variable: str, kind: str, surface: str, env: Any, monkeypatch
+) -> None:
+    monkeypatch.delenv("CREATEOS_SANDBOX_API_KEY")
+    monkeypatch.setenv(variable, INJECTING_KEYS[kind])
+    before = _v1_requests(env)
+    out = _run(surface)
+    assert type(out.exc) is SandboxUnavailableError, out.exc
+    message = str(out.exc)
+    assert variable in message and "cannot be sent in an HTTP header" in message, message
+    assert not any(leaks_key(t) for t in out.exc_texts())
+    assert _v1_requests(env) == before, "a key that could inject headers reached the control plane"
+
+
+@pytest.mark.parametrize("kind", list(INJECTING_KEYS))
+def test_native_client_refuses_the_same_keys(kind: str, env: Any) -> None:
+    """The last line of defence, for callers that bypass settings.py."""
+    native = runtime._native()
+    before = _v1_requests(env)
+    with pytest.raises(native.ConfigError) as refused:
+        native.Client(env.url, INJECTING_KEYS[kind])
+    assert not leaks_key(str(refused.value))
+    assert _v1_requests(env) == before
+
+
+def test_a_trailing_newline_is_stripped_not_sent(env: Any, monkeypatch) -> None:
+    """Values are stripped (docs/backend.md): a key pasted with its newline still works."""
+    monkeypatch.setenv("CREATEOS_SANDBOX_API_KEY", f"  {API_KEY}\n")
+    out = _run("backend")
+    assert out.exc is None and "config-ok" in out.stdout, out.exc
