@@ -135,13 +135,17 @@ def op_threads(cmd: dict[str, Any]) -> dict[str, Any]:
     threads, runs = cmd["threads"], cmd["runs"]
     barrier = threading.Barrier(threads + 1)
     errors: list[str] = []
+    latencies: list[float] = []
     lock = threading.Lock()
 
     def work() -> None:
         barrier.wait()
         for _ in range(runs):
             try:
+                started = time.perf_counter()
                 result = b.run("print(1)")
+                with lock:
+                    latencies.append(time.perf_counter() - started)
                 if result.exit_code != 0 or result.stdout != "1\n":
                     raise RuntimeError(f"exit {result.exit_code}: {result.stderr[-200:]}")
             except Exception as exc:
@@ -165,7 +169,19 @@ def op_threads(cmd: dict[str, Any]) -> dict[str, Any]:
         "errors": len(errors),
         "error_samples": errors[:3],
         "cpu_per_run": (cpu_seconds() - cpu0) / max(1, threads * runs),
+        "latency": _quantiles(latencies),
     }
+
+
+def _quantiles(values: list[float]) -> dict[str, float]:
+    data = sorted(values) or [float("nan")]
+
+    def at(q: float) -> float:
+        pos = (len(data) - 1) * q
+        lo, hi = int(pos), min(int(pos) + 1, len(data) - 1)
+        return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+    return {"p10": at(0.1), "median": at(0.5), "p90": at(0.9)}
 
 
 def op_big_output(cmd: dict[str, Any]) -> dict[str, Any]:
