@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import threading
 import time
 import traceback
@@ -26,9 +27,10 @@ from typing import Any
 from langflow_sandbox_createos import runtime, settings
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-# A key long and distinctive enough that any 10-character window of it in a log, message or
-# repr is a leak and not a coincidence.
-API_KEY = "sk-cos-reliab-7f3a9c2e51d84b06-KEYMARK-e2c4a6b8d0f1"
+# A key long and random enough that any 10-character window of it in a log, message or repr
+# is a leak and not a coincidence. Drawn per process, so it is on no disk a guest could read
+# (createos-local's devbox:1 guests see the host's / read-only, this repository included).
+API_KEY = "sk-cos-reliab-" + secrets.token_hex(20)
 KEY_WINDOW = 10
 
 COMPONENT_SHAPE = "s-2vcpu-4gb"
