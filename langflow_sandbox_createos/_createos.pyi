@@ -10,6 +10,7 @@ characters copied from it (a server may reflect the header cut short), and
 control characters replaced; at most ~500 characters of server text are kept.
 """
 
+import builtins
 from collections.abc import Callable, Mapping, Sequence
 from os import PathLike
 from typing import Any, Literal, final
@@ -133,8 +134,8 @@ class Client:
     def resume(self, sandbox_id: str, *, wait: float | None = None) -> dict[str, Any]: ...
     def fork(self, sandbox_id: str, spec: Mapping[str, Any] | None = None) -> dict[str, Any]: ...
     def patch(self, sandbox_id: str, fields: Mapping[str, Any]) -> dict[str, Any]: ...
-    def get_egress(self, sandbox_id: str) -> list[str]: ...
-    def put_egress(self, sandbox_id: str, rules: Sequence[str] | None) -> list[str]: ...
+    def get_egress(self, sandbox_id: str) -> builtins.list[str]: ...
+    def put_egress(self, sandbox_id: str, rules: Sequence[str] | None) -> builtins.list[str]: ...
     # files
     def upload(
         self, sandbox_id: str, path: str, data: bytes | None = None, *, file: str | PathLike[str] | None = None
@@ -202,7 +203,7 @@ class Client:
         in the background (see drain_deletes); the result is still returned. On
         KeyboardInterrupt or an exception from on_output the delete is queued in
         the background, so the interrupt is not delayed."""
-    def drain_deletes(self, timeout: float = 0.0) -> list[tuple[str, int | None, str | None]]:
+    def drain_deletes(self, timeout: float = 0.0) -> builtins.list[tuple[str, int | None, str | None]]:
         """Wait up to `timeout` for pending background deletes; return the outcomes
         finished since the last call as (sandbox_id, http_status or None, error or None).
         error is None when the guest is gone (2xx, or 404: already deleted). A

@@ -130,7 +130,7 @@ class CreateOSBackend:
         shape = runtime.pick_shape(runtime.catalog(endpoint), config.memory_mb, config.shape)
 
         program = _Program.build(code, config.timeout_seconds)
-        create = {
+        create: dict[str, Any] = {
             "shape": shape,
             "rootfs": config.rootfs,
             "name": runtime.random_name(NAME_PREFIX),
