@@ -45,10 +45,11 @@ if ! port_free "$LANGFLOW_PORT"; then
   exit 1
 fi
 
-CP_PID= LF_PID= LOCAL_PLANE=0
+CP_PID= LF_PID= LOCAL_PLANE=0 REAL_PLANE=0
 cleanup() {
   local rc=$?
-  trap - EXIT INT TERM
+  trap - EXIT INT TERM HUP
+  trap '' PIPE  # the terminal (or the pipe we print to) may be gone: keep cleaning up
   set +e
   if [ -n "$LF_PID" ] && kill -0 "$LF_PID" 2>/dev/null; then
     say "stopping Langflow (pid $LF_PID)"
@@ -65,7 +66,7 @@ cleanup() {
       for _ in $(seq 1 20); do kill -0 "$CP_PID" 2>/dev/null || break; sleep 0.5; done
       kill -KILL -- "-$CP_PID" 2>/dev/null
     fi
-  else
+  elif [ "$REAL_PLANE" = 1 ]; then
     # Another Langflow may share this key: list, never delete, guests on a real control plane.
     say "guests the plugin left on $CREATEOS_SANDBOX_BASE_URL (not deleted: they may not be this run's):"
     "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap
@@ -76,10 +77,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+trap 'exit 129' HUP
+PARENT=$PPID  # `make run`: make dies of a signal sent to it alone; then we stop too
 
 # --- 2. the control plane ------------------------------------------------------------------------
 if [ -n "${CREATEOS_SANDBOX_API_KEY:-}" ] && [ -n "${CREATEOS_SANDBOX_BASE_URL:-}" ]; then
   say "using the control plane at $CREATEOS_SANDBOX_BASE_URL (CREATEOS_SANDBOX_API_KEY and _BASE_URL are set)"
+  REAL_PLANE=1
 else
   if [ -n "${CREATEOS_SANDBOX_API_KEY:-}${CREATEOS_SANDBOX_BASE_URL:-}${CREATEOS_API_KEY:-}" ]; then
     say "only one of CREATEOS_SANDBOX_API_KEY / CREATEOS_SANDBOX_BASE_URL is set: set both to use a real control plane"
@@ -161,6 +165,11 @@ cat <<EOF
 
 EOF
 while kill -0 "$LF_PID" 2>/dev/null; do
-  wait "$LF_PID" 2>/dev/null || true
+  if ! kill -0 "$PARENT" 2>/dev/null; then
+    say "the parent process ($PARENT) is gone: stopping"
+    exit 129
+  fi
+  sleep 1 &
+  wait $! 2>/dev/null || true  # a trapped signal interrupts this wait at once
 done
 say "Langflow exited (log $RUN_DIR/langflow.log)"

@@ -109,8 +109,10 @@ class LangflowServer:
             DO_NOT_TRACK="true",
         )
         started = time.monotonic()
+        # env --default-signal=INT: pytest may itself run with SIGINT ignored (any `cmd &` from a
+        # non-interactive shell), and a bash script cannot trap a signal ignored at its start.
         self.process = subprocess.Popen(
-            [str(ROOT / "scripts" / "run-langflow.sh")],
+            ["env", "--default-signal=INT", str(ROOT / "scripts" / "run-langflow.sh")],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
