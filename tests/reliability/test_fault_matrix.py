@@ -218,6 +218,13 @@ def _check(
     # 4. no guest left behind (a failed delete may leave one, logged: the documented behaviour)
     for sb in leftovers:
         if exp.delete_fault:
+            # left for auto-pause: the guest must carry its cost backstop
+            view: Any = lane.endpoint().client.get(sb["id"])  # type: ignore[attr-defined]
+            if (
+                not isinstance(view.get("auto_pause_after_seconds"), int)
+                or view["auto_pause_after_seconds"] < 60
+            ):
+                failures.append(f"guest {sb['id']} left without an auto-pause backstop: {view}")
             logged = logs.mentioning(sb["id"], min_level=30)
             if case.fault == "404":
                 continue  # the native client counts 404 as "already deleted" (docs/native-client.md)
