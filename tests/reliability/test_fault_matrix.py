@@ -416,6 +416,7 @@ def test_fault(case: Case, matrix_results: dict[str, CaseResult]) -> None:
         pytest.fail("\n".join(result.failures), pytrace=False)
 
 
+@pytest.mark.timeout(1200)
 def test_matrix_size_and_no_stray_key(matrix_results: dict[str, CaseResult]) -> None:
     """The matrix is generated and complete; its size is in the session summary."""
     assert (
