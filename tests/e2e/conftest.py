@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -197,6 +198,7 @@ def langflow_server() -> Iterator[LangflowServer]:
         assert rc == 130, f"make run exited {rc} on Ctrl-C:\n{server.report()}"
         assert not survivors, f"still running after Ctrl-C: {survivors}"
         assert "Deleted " in output and "stopping createos-local" in output, output[-3000:]
+        shutil.rmtree(run_dir, ignore_errors=True)  # kept (logs, database) when a check above failed
 
 
 @pytest.hookimpl(hookwrapper=True)
