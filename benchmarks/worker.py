@@ -292,7 +292,11 @@ def op_executor(cmd: dict[str, Any]) -> dict[str, Any]:
         executor = CreateOSExecutor()
         started = time.perf_counter()
         async for item in executor.execute(unit):
-            arrivals.append((time.perf_counter() - started, type(item).__name__))
+            payload = getattr(item, "payload", None)
+            kind = (
+                type(item).__name__ if payload is None else f"{type(item).__name__}:{type(payload).__name__}"
+            )
+            arrivals.append((time.perf_counter() - started, kind))
             if isinstance(item, RunComplete):
                 outcome["complete"] = arrivals[-1][0]
                 try:
