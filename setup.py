@@ -33,7 +33,9 @@ def pkg_config(*args: str) -> list[str]:
             [exe, *args, "libcurl", "jansson"], check=True, capture_output=True, text=True
         ).stdout
     except subprocess.CalledProcessError as exc:
-        sys.exit(f"error: pkg-config could not find libcurl/jansson ({exc.stderr.strip()}).\n" + PACKAGES_HINT)
+        sys.exit(
+            f"error: pkg-config could not find libcurl/jansson ({exc.stderr.strip()}).\n" + PACKAGES_HINT
+        )
     return out.split()
 
 

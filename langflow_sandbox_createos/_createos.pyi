@@ -138,7 +138,12 @@ class Client:
     def put_egress(self, sandbox_id: str, rules: Sequence[str] | None) -> builtins.list[str]: ...
     # files
     def upload(
-        self, sandbox_id: str, path: str, data: bytes | None = None, *, file: str | PathLike[str] | None = None
+        self,
+        sandbox_id: str,
+        path: str,
+        data: bytes | None = None,
+        *,
+        file: str | PathLike[str] | None = None,
     ) -> None: ...
     def download(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
         """A 2xx Content-Length above max_bytes is refused before the body; a body

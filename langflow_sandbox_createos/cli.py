@@ -129,8 +129,8 @@ def _check_entry_points(report: Report) -> None:
     try:
         from lfx.utils.sandbox import registry
 
-        builtins = getattr(registry, "_builtin_names", frozenset())
-        if "createos" in builtins:
+        builtin_names: frozenset[str] = getattr(registry, "_builtin_names", frozenset())
+        if "createos" in builtin_names:
             report.add(
                 Check(
                     "builtin shadowing",

@@ -389,7 +389,9 @@ def decode_outputs(frame: Mapping[str, Any]) -> list[Any]:
             raise ValueError("an outputs entry is not an object")
         inputs = run.get("inputs")
         outputs = [decode_result(item) for item in run.get("outputs") or []]
-        decoded.append(RunOutputs(inputs=dict(inputs) if isinstance(inputs, Mapping) else {}, outputs=outputs))
+        decoded.append(
+            RunOutputs(inputs=dict(inputs) if isinstance(inputs, Mapping) else {}, outputs=outputs)
+        )
     return decoded
 
 
