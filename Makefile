@@ -70,7 +70,7 @@ bench: $(STAMP)
 	$(VPY) benchmarks/run.py
 
 soak: $(STAMP)
-	SOAK_SECONDS=$${SOAK_SECONDS:-1800} $(VPY) -m pytest tests/reliability/test_soak.py -s $(PYTEST_ARGS)
+	SOAK_SECONDS=$${SOAK_SECONDS:-1800} $(VPY) -m pytest -o addopts=-ra tests/reliability/test_soak.py -s $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
