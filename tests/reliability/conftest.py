@@ -7,7 +7,12 @@ the other suites.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
+
+import pytest
+
+from . import harness
 
 # Filled by the suites, printed at the end of the session.
 SUMMARY: dict[str, list[str]] = {}
@@ -21,3 +26,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(f"{title}:")
         for line in lines:
             terminalreporter.write_line(f"  {line}")
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[Any]:
+    """One createos-local per test module, with the suite's own key."""
+    (p,) = harness.start_planes(1)
+    try:
+        yield p
+    finally:
+        harness.forget_endpoint(p.url)
+        p.stop()

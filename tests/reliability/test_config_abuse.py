@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,16 +89,6 @@ NOT_APPLICABLE = {
     ("envnames", "non-numeric"): "'abc' is a valid variable name: unset on the host, it is skipped with a "
     "warning (tests/executor)",
 }
-
-
-@pytest.fixture(scope="module")
-def plane() -> Iterator[Any]:
-    (p,) = harness.start_planes(1)
-    try:
-        yield p
-    finally:
-        harness.forget_endpoint(p.url)
-        p.stop()
 
 
 @pytest.fixture

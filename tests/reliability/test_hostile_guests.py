@@ -37,16 +37,6 @@ pytestmark = pytest.mark.timeout(300)
 MiB = 1024 * 1024
 
 
-@pytest.fixture(scope="module")
-def plane() -> Iterator[Any]:
-    (p,) = harness.start_planes(1)
-    try:
-        yield p
-    finally:
-        harness.forget_endpoint(p.url)
-        p.stop()
-
-
 @pytest.fixture
 def env(plane: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(settings, "_lfx_sandbox_settings", lambda: None)
