@@ -365,9 +365,32 @@ int cos_op_rootfs(cos_ctx *c, json_t **out)
                        out);
 }
 
-/* Every page of a list, under one deadline. */
+/* Which rows of a list to keep; NULL fields keep every row. */
+typedef struct {
+    const char *prefix;
+    const char *status;
+} row_filter;
+
+static int row_kept(const row_filter *f, json_t *item)
+{
+    json_t *name, *st;
+    if (f == NULL)
+        return 1;
+    name = json_object_get(item, "name");
+    st = json_object_get(item, "status");
+    if (f->prefix && !(json_is_string(name) &&
+                       strncmp(json_string_value(name), f->prefix, strlen(f->prefix)) == 0))
+        return 0;
+    if (f->status && !(json_is_string(st) && strcmp(json_string_value(st), f->status) == 0))
+        return 0;
+    return 1;
+}
+
+/* Every page of a list, under one deadline. Rows are filtered page by page,
+ * so memory is bounded by one page plus the kept rows, however many rows the
+ * account has (terminal rows stay listed: the total only grows). */
 static int all_pages(cos_ctx *c, const char *op, const char *path, const char *extra_query,
-                     const char *legacy_key, json_t **out)
+                     const char *legacy_key, const row_filter *filter, json_t **out)
 {
     json_t *all = json_array();
     double end = cos_now_ms() + (double)c->cfg->control_ms;
@@ -377,9 +400,10 @@ static int all_pages(cos_ctx *c, const char *op, const char *path, const char *e
     if (all == NULL)
         return nomem(c, op);
     for (page = 0; page < MAX_PAGES; page++) {
-        json_t *data = NULL, *items = NULL;
+        json_t *data = NULL, *items = NULL, *item;
         long long total = -1;
-        int paginated;
+        size_t i, count;
+        int paginated, last;
         long left = (long)(end - cos_now_ms());
         if (left <= 0) {
             cos_err_set(c->err, COS_E_DEADLINE, "%s failed: deadline of %.1f s passed", op,
@@ -397,19 +421,22 @@ static int all_pages(cos_ctx *c, const char *op, const char *path, const char *e
             goto done;
         }
         json_decref(data);
-        if (json_array_extend(all, items) < 0) {
-            json_decref(items);
-            nomem(c, op);
-            goto done;
+        count = json_array_size(items);
+        json_array_foreach(items, i, item) {
+            if (row_kept(filter, item) && json_array_append(all, item) < 0) {
+                json_decref(items);
+                nomem(c, op);
+                goto done;
+            }
         }
-        offset += (long long)json_array_size(items);
-        if (!paginated || json_array_size(items) == 0 || (total >= 0 && offset >= total) ||
-            (total < 0 && json_array_size(items) < PAGE_LIMIT)) {
-            json_decref(items);
+        json_decref(items);
+        offset += (long long)count;
+        last = !paginated || count == 0 || (total >= 0 && offset >= total) ||
+               (total < 0 && count < PAGE_LIMIT);
+        if (last) {
             rc = 0;
             goto done;
         }
-        json_decref(items);
     }
     cos_err_set(c->err, COS_E_PROTOCOL, "%s failed: more than %d pages", op, MAX_PAGES);
 done:
@@ -422,7 +449,7 @@ done:
 
 int cos_op_shapes(cos_ctx *c, json_t **out)
 {
-    return all_pages(c, "shapes", "/v1/shapes", NULL, "shapes", out);
+    return all_pages(c, "shapes", "/v1/shapes", NULL, "shapes", NULL, out);
 }
 
 int cos_op_list(cos_ctx *c, const char *prefix, const char *status, json_t **out)
@@ -430,36 +457,13 @@ int cos_op_list(cos_ctx *c, const char *prefix, const char *status, json_t **out
     /* the server filters only these states; every filter is also applied here */
     static const char *const server_side[] = {"running", "creating", "destroyed", "failed"};
     char query[96] = "";
-    json_t *all = NULL, *kept = NULL, *item;
+    row_filter filter = {prefix, status};
     size_t i;
-    int rc = -1;
 
     for (i = 0; status && i < sizeof server_side / sizeof server_side[0]; i++)
         if (strcmp(status, server_side[i]) == 0)
             snprintf(query, sizeof query, "&status=%s", status);
-    if (all_pages(c, "list", "/v1/sandboxes", query, "sandboxes", &all) < 0)
-        return -1;
-    if ((kept = json_array()) == NULL) {
-        nomem(c, "list");
-        goto done;
-    }
-    json_array_foreach(all, i, item) {
-        json_t *name = json_object_get(item, "name");
-        json_t *st = json_object_get(item, "status");
-        if (prefix && !(json_is_string(name) &&
-                        strncmp(json_string_value(name), prefix, strlen(prefix)) == 0))
-            continue;
-        if (status && !(json_is_string(st) && strcmp(json_string_value(st), status) == 0))
-            continue;
-        json_array_append(kept, item);
-    }
-    *out = kept;
-    kept = NULL;
-    rc = 0;
-done:
-    json_decref(all);
-    json_decref(kept);
-    return rc;
+    return all_pages(c, "list", "/v1/sandboxes", query, "sandboxes", &filter, out);
 }
 
 int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
