@@ -111,6 +111,7 @@ class Plane:
             "bytes_sent": self.counters.bytes_sent,
             "memory_enforced": self.memory_enforced,
             "pids_limit": GUEST_PIDS_MAX if self.cgroups.pids_parent is not None else None,
+            "freezer": "cgroup" if self.cgroups.freezer_parent is not None else "signals",
             "isolation": "bwrap" if self.config.isolation else False,
             "streaming": self.streaming_enabled,
             "faults": self.faults.as_json(),

@@ -251,25 +251,26 @@ class Store:
         self._schedule(child, lambda: self.mark_running(child, started))
 
     def _freeze(self, sb: Sandbox) -> None:
-        try:
-            frozen = sb.cgroups.freeze()
-        except OSError:
-            frozen = False
-        if not frozen:
-            for proc in sb.processes:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.proc.pid, signal.SIGSTOP)
+        self._set_frozen(sb, frozen=True)
         sb.last_activity = time.monotonic()
 
     def _thaw(self, sb: Sandbox) -> None:
+        self._set_frozen(sb, frozen=False)
+
+    @staticmethod
+    def _set_frozen(sb: Sandbox, frozen: bool) -> None:
+        """The cgroup freezer when the sandbox has one, else SIGSTOP/SIGCONT to every guest
+        process group (what a plane without writable cgroups, or --no-isolation, relies on)."""
         try:
-            thawed = sb.cgroups.thaw()
+            done = sb.cgroups.freeze() if frozen else sb.cgroups.thaw()
         except OSError:
-            thawed = False
-        if not thawed:
-            for proc in sb.processes:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.proc.pid, signal.SIGCONT)
+            done = False
+        if done:
+            return
+        sig = signal.SIGSTOP if frozen else signal.SIGCONT
+        for proc in sb.processes:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.proc.pid, sig)
 
     def destroy(self, sb: Sandbox) -> None:
         if sb.terminal:

@@ -47,32 +47,53 @@ def test_pause_freezes_and_resume_continues(client: httpx.Client, sandbox: dict[
     assert sh(client, sid, "cat /workspace/keep.txt")["stdout"] == "kept"
 
 
+@pytest.fixture(scope="module")
+def plane_without_cgroups() -> Iterator[LocalControlPlane]:
+    """No isolation and no memory limits: no cgroup at all, so pause falls back to signals."""
+    plane = LocalControlPlane(isolation=False, extra_args=["--no-memory-limit"])
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.mark.parametrize("freezer", ["cgroup", "signals"])
 def test_pause_freezes_a_running_guest(
-    client: httpx.Client, cp: LocalControlPlane, sandbox: dict[str, Any]
+    request: pytest.FixtureRequest, cp: LocalControlPlane, freezer: str
 ) -> None:
-    """A command running during pause stops making progress until resume."""
-    sid = sandbox["id"]
-    script = (
-        "i=0; while [ $i -lt 200 ]; do i=$((i+1)); echo $i > /workspace/tick; sleep 0.01; done; echo done"
-    )
-    with (
-        make_client(cp) as streamer,
-        streamer.stream(
-            "POST",
-            f"/v1/sandboxes/{sid}/exec?stream=true",
-            json={"cmd": "sh", "args": ["-c", script], "stream": True},
-        ) as response,
-    ):
-        time.sleep(0.5)
-        data(client.post(f"/v1/sandboxes/{sid}/pause"))
-        wait_status(client, sid, "paused")
-        time.sleep(0.2)
-        frozen_at = (cp.state_dir / "sandboxes" / sid / "workspace" / "tick").read_text()
-        time.sleep(0.5)
-        assert (cp.state_dir / "sandboxes" / sid / "workspace" / "tick").read_text() == frozen_at
-        data(client.post(f"/v1/sandboxes/{sid}/resume"))
-        body = response.read().decode()
+    """A command running during pause stops making progress until resume, with the cgroup
+    freezer and with the SIGSTOP/SIGCONT fallback of a plane that has no cgroups."""
+    plane = cp if freezer == "cgroup" else request.getfixturevalue("plane_without_cgroups")
+    if plane.stats()["freezer"] != freezer:
+        pytest.skip(f"this plane pauses with {plane.stats()['freezer']} (no writable cgroup freezer here)")
+    script = "i=0; while [ $i -lt 200 ]; do i=$((i+1)); echo $i > tick; sleep 0.01; done; echo done"
+    with make_client(plane) as client:
+        sid = data(client.post("/v1/sandboxes", json={"shape": "s-2vcpu-4gb"}))["id"]
+        wait_status(client, sid, "running")
+        tick = plane.state_dir / "sandboxes" / sid / "workspace" / "tick"
+        try:
+            with (
+                make_client(plane) as streamer,
+                streamer.stream(
+                    "POST",
+                    f"/v1/sandboxes/{sid}/exec?stream=true",
+                    json={"cmd": "sh", "args": ["-c", script], "stream": True},
+                ) as response,
+            ):
+                time.sleep(0.5)
+                data(client.post(f"/v1/sandboxes/{sid}/pause"))
+                wait_status(client, sid, "paused")
+                time.sleep(0.2)
+                frozen_at = tick.read_text()
+                time.sleep(0.5)
+                assert tick.read_text() == frozen_at
+                data(client.post(f"/v1/sandboxes/{sid}/resume"))
+                body = response.read().decode()
+        finally:
+            client.delete(f"/v1/sandboxes/{sid}")
     assert '"exit_code":0' in body and "done" in body
+    assert tick.read_text().strip() == "200"
 
 
 def test_fork_copies_a_paused_guest(client: httpx.Client, sandbox_factory: SandboxFactory) -> None:
