@@ -488,6 +488,7 @@ def _run_reused(
     req: RunRequest,
     spec: dict[str, Any],
     egress: tuple[str, ...],
+    max_output: int,
     on_output: OutputCallback | None,
     phase: _Phase,
     note: Callable[[str], None],
@@ -514,7 +515,7 @@ def _run_reused(
             "/bin/sh",
             program.argv,
             timeout=program.exec_timeout,
-            max_output_bytes=_max_output_bytes(),
+            max_output_bytes=max_output,
             on_output=on_output,
         )
 
@@ -536,6 +537,7 @@ def _run_fresh(
     native: Any,
     req: RunRequest,
     spec: dict[str, Any],
+    max_output: int,
     on_output: OutputCallback | None,
     phase: _Phase,
     note: Callable[[str], None],
@@ -552,7 +554,7 @@ def _run_fresh(
                 program.argv,
                 files=program.files,
                 timeout=program.exec_timeout,
-                max_output_bytes=_max_output_bytes(),
+                max_output_bytes=max_output,
                 on_output=on_output,
                 delete="wait",
             )
@@ -581,7 +583,7 @@ def _run_fresh(
             "/bin/sh",
             program.argv,
             timeout=program.exec_timeout,
-            max_output_bytes=_max_output_bytes(),
+            max_output_bytes=max_output,
             on_output=on_output,
         )
         outcome = _outcome(result, req, sandbox_id, False)
@@ -607,6 +609,7 @@ def run(
         rootfs = settings.rootfs()
     except SettingsError as exc:
         raise SandboxUnavailableError(str(exc)) from None
+    max_output = _max_output_bytes()  # every setting is judged before a guest exists
     runtime.egress_gate(req.allow_network, accepted)
     endpoint = runtime.endpoints.get()
     native = runtime._native()
@@ -624,9 +627,9 @@ def run(
         if req.reuse:
             budget = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
             spec = _spec(req, rootfs, egress, budget)
-            return _run_reused(client, native, req, spec, egress, on_output, phase, note)
+            return _run_reused(client, native, req, spec, egress, max_output, on_output, phase, note)
         spec = _spec(req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
-        return _run_fresh(client, native, req, spec, on_output, phase, note)
+        return _run_fresh(client, native, req, spec, max_output, on_output, phase, note)
     except native.CreateOSError as exc:
         raise runtime.to_lfx_error(exc, phase.action) from None
 

@@ -26,7 +26,9 @@ from .harness import API_KEY, driver, leaks_key
 
 pytestmark = pytest.mark.timeout(300)
 
-ALL = ("backend", "component", "executor")
+# the component reads its settings on three paths: one-shot, with returned files, reused
+COMPONENT = ("component", "component-files", "component-reuse")
+ALL = ("backend", *COMPONENT, "executor")
 MiB = 1024 * 1024
 
 
@@ -43,9 +45,9 @@ VARS: tuple[Var, ...] = (
     Var("LANGFLOW_SANDBOX_MEMORY_MB", "int", ("backend",), 192),
     Var("LANGFLOW_SANDBOX_ALLOW_NETWORK", "bool", ("backend",), False),
     Var("LANGFLOW_SANDBOX_ALLOWED_DOMAINS", "domains", ("backend",), ()),
-    Var("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "bool", ("backend", "component"), False),
+    Var("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "bool", ("backend", *COMPONENT), False),
     Var("CREATEOS_SANDBOX_ROOTFS", "rootfs", ALL, "devbox:1"),
-    Var("CREATEOS_SANDBOX_SHAPE", "shape", ("backend", "component"), None),
+    Var("CREATEOS_SANDBOX_SHAPE", "shape", ("backend", *COMPONENT), None),
     Var("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", "int", ALL, 16 * MiB),
     Var("CREATEOS_SANDBOX_WARM_POOL", "int", ("backend",), 0),
     Var("CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS", "int", ALL, 60),
@@ -117,9 +119,14 @@ def _v1_requests(plane: Any) -> int:
 def _run(surface: str, **kwargs: Any) -> harness.Outcome:
     if surface == "backend":
         return driver.backend("print('config-ok')")
-    if surface == "component":
+    if surface in COMPONENT:
         return driver.component(
-            "print('config-ok')", component_id="CreateOSSandbox-config", shape="", **kwargs
+            "print('config-ok')",
+            component_id="CreateOSSandbox-config",
+            shape="",
+            collect=surface == "component-files",
+            reuse=surface == "component-reuse",
+            **kwargs,
         )
     return driver.executor("config-ok")
 
