@@ -49,13 +49,7 @@ STREAM_ENDED_STATUS = -1  # the native client's exit_code when a stream had no e
 # The guest's `timeout` is authoritative; this only bounds a wedged control plane.
 EXEC_GRACE_SECONDS = 15.0
 
-# Programs up to this size travel as the exec's stdin (one round trip fewer); larger ones
-# are uploaded as a file first. stdin is a JSON string inside the exec request, whose size
-# limit the API leaves undocumented and whose escaping can grow control-heavy text up to six
-# times, while the file API takes raw bytes up to 500 MB. 256 KiB covers hand- and
-# LLM-written code with a wide margin, and for anything larger the extra round trip is
-# small next to moving the program itself.
-STDIN_PROGRAM_MAX_BYTES = 256 * 1024
+STDIN_PROGRAM_MAX_BYTES = runtime.STDIN_PROGRAM_MAX_BYTES  # programs up to this travel on stdin
 
 # shutdown() waits at most this long for queued background deletes.
 SHUTDOWN_DRAIN_SECONDS = 10.0

@@ -31,6 +31,14 @@ LINK_LOCAL = "169.254.0.0/16"
 
 USER_AGENT = "langflow-sandbox-createos/0.3.0"
 
+# Programs up to this size travel as the exec's stdin (one round trip fewer); larger ones
+# are uploaded as a file first. stdin is a JSON string inside the exec request, whose size
+# limit the API leaves undocumented and whose escaping can grow control-heavy text up to six
+# times, while the file API takes raw bytes up to 500 MB. 256 KiB covers hand- and
+# LLM-written code with a wide margin, and for anything larger the extra round trip is
+# small next to moving the program itself.
+STDIN_PROGRAM_MAX_BYTES = 256 * 1024
+
 
 def _native():  # imported lazily so a missing build fails at first use, with a clear error
     try:

@@ -44,12 +44,14 @@ LIVE_TRANSITIONS = frozenset({"creating", "pausing", "resuming", "forking"})
 TERMINAL = frozenset({"destroyed", "failed"})
 
 # $1 run dir, $2 program timeout, $3 collect (1/0), $4 archive budget, $5 archive byte cap,
-# $6 lock wait (0 = no lock); then the program's argv.
+# $6 lock wait (0 = no lock), $7 where to write the exec's stdin first ("" = nothing: the
+# program was uploaded); then the program's argv.
 GUEST_WRAPPER = r"""
-run=$1 limit=$2 collect=$3 budget=$4 cap=$5 lockwait=$6
-shift 6
+run=$1 limit=$2 collect=$3 budget=$4 cap=$5 lockwait=$6 src=$7
+shift 7
 art=/workspace/artifacts
 mkdir -p /workspace "$run" 2>/dev/null
+if [ -n "$src" ]; then cat > "$src" || exit 125; fi
 cd /workspace 2>/dev/null || cd /
 if [ "$lockwait" -gt 0 ] && command -v flock >/dev/null 2>&1; then
   exec 9>>/tmp/.createos-sandbox.lock
@@ -323,7 +325,11 @@ def acquire_reused_guest(
                 # a list row may be abridged: decide on drift from a fresh GET
                 current = record if cached == sandbox_id else client.get(sandbox_id)
                 _check_drift(current, wanted, allow_network)
-                running = _wait_running(client, native, sandbox_id, deadline)
+                running = (
+                    current
+                    if current.get("status") == "running"
+                    else _wait_running(client, native, sandbox_id, deadline)
+                )
             except (_GuestGone, native.NotFoundError):
                 guest_ids.forget(name, sandbox_id)
             else:
@@ -359,7 +365,8 @@ def _max_output_bytes() -> int:
 class _GuestProgram:
     run_dir: str
     argv: list[str]
-    files: list[tuple[str, bytes]]
+    files: list[tuple[str, bytes]]  # uploaded before the exec
+    stdin: str | None  # or sent as the exec's stdin, which the wrapper writes to a file
     exec_timeout: float
 
     @property
@@ -376,14 +383,28 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
     """The exec argv (`/bin/sh -c GUEST_WRAPPER ...`) and the files to upload first."""
     run_dir = RUN_DIR_PREFIX + secrets.token_hex(8)
     files: list[tuple[str, bytes]] = []
+    stdin: str | None = None
+    source = ""
     if req.mode == "python":
-        files.append((f"{run_dir}/main.py", req.program.encode()))
-        program = ["python3", "-u", f"{run_dir}/main.py"]
-    elif len(req.program.encode()) > INLINE_COMMAND_MAX:
-        files.append((f"{run_dir}/main.sh", req.program.encode()))
-        program = ["/bin/sh", f"{run_dir}/main.sh"]
+        source = f"{run_dir}/main.py"
+        program = ["python3", "-u", source]
+    elif len(req.program.encode("utf-8", "surrogatepass")) > INLINE_COMMAND_MAX:
+        source = f"{run_dir}/main.sh"
+        program = ["/bin/sh", source]
     else:
         program = ["/bin/sh", "-c", req.program]
+    if source:
+        try:
+            data = req.program.encode("utf-8")
+        except UnicodeEncodeError:
+            # lone surrogates cannot travel in a JSON string: upload the bytes, and the guest
+            # reports the invalid source exactly as it would locally
+            files.append((source, req.program.encode("utf-8", "surrogatepass")))
+        else:
+            if len(data) <= runtime.STDIN_PROGRAM_MAX_BYTES:
+                stdin = req.program  # written to `source` by the wrapper: one round trip fewer
+            else:
+                files.append((source, data))
     archive_budget = ARCHIVE_BUDGET_SECONDS if req.collect else 0
     lock_wait = lock_wait_seconds(req.timeout) if lock else 0
     argv = [
@@ -396,10 +417,11 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
         str(ARCHIVE_BUDGET_SECONDS),
         str(artifacts.MAX_ARCHIVE_BYTES),
         str(lock_wait),
+        source if stdin is not None else "",
         *program,
     ]
     exec_timeout = float(lock_wait + req.timeout + archive_budget + EXEC_GRACE_SECONDS)
-    return _GuestProgram(run_dir, argv, files, exec_timeout)
+    return _GuestProgram(run_dir, argv, files, stdin, exec_timeout)
 
 
 def _outcome(result: Any, req: RunRequest, sandbox_id: str | None, reused: bool) -> RunOutcome:
@@ -514,6 +536,7 @@ def _run_reused(
             sandbox_id,
             "/bin/sh",
             program.argv,
+            stdin=program.stdin,
             timeout=program.exec_timeout,
             max_output_bytes=max_output,
             on_output=on_output,
@@ -553,6 +576,7 @@ def _run_fresh(
                 "/bin/sh",
                 program.argv,
                 files=program.files,
+                stdin=program.stdin,
                 timeout=program.exec_timeout,
                 max_output_bytes=max_output,
                 on_output=on_output,
@@ -582,6 +606,7 @@ def _run_fresh(
             sandbox_id,
             "/bin/sh",
             program.argv,
+            stdin=program.stdin,
             timeout=program.exec_timeout,
             max_output_bytes=max_output,
             on_output=on_output,

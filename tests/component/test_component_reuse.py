@@ -202,3 +202,15 @@ def test_concurrent_runs_share_one_guest_and_keep_their_own_files(
         assert r.results["result"] == str([f"w{i}.txt"])  # never saw another run's file
     name = sandbox_run.reuse_name("flow-test", "CreateOSSandbox-t0001", runtime.DENY_ALL)
     assert len(live_named(reuse_env, name)) == 1
+
+
+def test_a_reused_run_is_two_requests(component_cls: type, reuse_env: LocalControlPlane) -> None:
+    """After the first run: one GET (the guest is still this component's, running, with the
+    same egress) and one exec carrying the program on stdin."""
+    reuse(component_cls)
+    before = dict(reuse_env.stats()["requests"])
+    second = reuse(component_cls)
+    after = reuse_env.stats()["requests"]
+    delta = {k: n - before.get(k, 0) for k, n in after.items() if not k.startswith("local_")}
+    assert second["result"] == "2"
+    assert {k: n for k, n in delta.items() if n} == {"get": 1, "exec_stream": 1}, delta

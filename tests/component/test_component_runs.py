@@ -291,3 +291,36 @@ def test_progress_is_shown_while_output_streams(
     assert logs and "step 0" in str(logs[0].message)
     assert component.status.data["result"] == result.data["result"]  # the final status is the result
     no_live_guests(env)
+
+
+def _requests_during(plane: LocalControlPlane, fn: Any) -> tuple[Any, dict[str, int]]:
+    before = dict(plane.stats()["requests"])
+    out = fn()
+    after = plane.stats()["requests"]
+    delta = {k: n - before.get(k, 0) for k, n in after.items() if not k.startswith("local_")}
+    return out, {k: n for k, n in delta.items() if n}
+
+
+def test_programs_travel_on_stdin_and_large_ones_as_files(
+    component_cls: type, env: LocalControlPlane
+) -> None:
+    """Up to 256 KiB the program is the exec's stdin (no upload); above, or when it cannot be
+    UTF-8 (lone surrogates), it is uploaded first; either way the guest runs it from a file,
+    so tracebacks show its lines."""
+    run, calls = _requests_during(env, lambda: run_flow(component_cls, python_code="print('small')\n1/0\n"))
+    assert run.results["exit_code"] == 1 and run.results["result"] == "small"
+    assert 'main.py", line 2' in run.results["stderr"] and "1/0" in run.results["stderr"]
+    assert "files_put" not in calls and calls.get("exec_stream", 0) + calls.get("exec", 0) == 1, calls
+
+    big = "x = 1\n" * (300 * 1024 // 6) + "print('big', x)\n"
+    run, calls = _requests_during(env, lambda: run_flow(component_cls, python_code=big))
+    assert run.results["result"] == "big 1" and calls.get("files_put") == 1, calls
+
+    long_command = "printf %s " + "a" * (100 * 1024)  # over the argv limit, under the stdin one
+    run, calls = _requests_during(env, lambda: run_flow(component_cls, command=long_command))
+    assert run.results["result"] == "a" * (100 * 1024) and "files_put" not in calls, calls
+
+    run, calls = _requests_during(env, lambda: run_flow(component_cls, python_code="print('x')\n# \ud800\n"))
+    assert run.results["exit_code"] != 0 and "SyntaxError" in run.results["stderr"], run.results
+    assert calls.get("files_put") == 1, calls
+    no_live_guests(env)

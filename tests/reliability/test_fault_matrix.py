@@ -52,8 +52,10 @@ PY_FILES = (
     "import os\nos.makedirs('/workspace/artifacts', exist_ok=True)\n"
     "open('/workspace/artifacts/r.txt', 'w').write('r')\n" + PY_OK
 )
-# Over the backend's 256 KiB inline limit, so the program goes up with PUT .../files.
-PY_BIG = "_pad = '" + "x" * (300 * 1024) + "'\n" + PY_OK
+# Over the 256 KiB stdin limit (runtime.STDIN_PROGRAM_MAX_BYTES), so the program goes up
+# with PUT .../files: what the upload cases need, on the backend and the component alike.
+PAD = "_pad = '" + "x" * (300 * 1024) + "'\n"
+PY_BIG = PAD + PY_OK
 
 
 @dataclass
@@ -101,8 +103,9 @@ def _run_surface(case: Case) -> Outcome:
     if s == "executor":
         return driver.executor(OK_TEXT)
     timeout = matrix.PROGRAM_TIMEOUT_SHORT if (case.exec_call and case.slow) else 30
+    program = PY_FILES if s != "component" else PY_OK
     return driver.component(
-        PY_FILES if s != "component" else PY_OK,
+        PAD + program if case.call == "upload" else program,
         component_id=_component_id(case),
         reuse=s == "component-reuse",
         collect=s in ("component-files", "component-reuse"),
