@@ -16,6 +16,7 @@ from langflow_sandbox_createos.executor import CreateOSExecutor
 from langflow_sandbox_createos.executor_protocol import GuestStatus, RemoteVertexResult
 
 from .conftest import chat_graph, drain, middle_graph
+from .flow_components.digest import Digest
 from .flow_components.env_reader import EnvReader
 from .flow_components.forger import Forger
 from .flow_components.needs_module import NeedsModule
@@ -176,3 +177,27 @@ async def test_legacy_arun_inputs_and_output_selection(executor: CreateOSExecuto
     runs = items[-1].outputs
     assert [r.inputs for r in runs] == [{"input_value": "first"}, {"input_value": "second"}]
     assert [r.outputs[0].results["message"].text for r in runs] == ["first", "second"]
+
+
+async def test_a_spec_over_4_mib_is_uploaded_and_runs(executor: CreateOSExecutor, executor_env: Any) -> None:
+    """A flow whose spec is over STDIN_SPEC_MAX_BYTES travels as a file (one PUT), not stdin."""
+    import hashlib
+
+    from langflow_sandbox_createos import executor as executor_module
+
+    payload = "0123456789abcdef" * (executor_module.STDIN_SPEC_MAX_BYTES // 16 + 4096)  # 4 MiB + 64 KiB
+    from lfx.components.input_output import ChatInput, ChatOutput
+    from lfx.graph import Graph
+
+    chat_in, middle, chat_out = ChatInput(_id="chat-in"), Digest(_id="middle"), ChatOutput(_id="chat-out")
+    middle.set(input_value=chat_in.message_response, payload=payload)
+    chat_out.set(input_value=middle.digest)
+    graph = Graph(chat_in, chat_out)
+    before = _requests(executor_env)
+    items = await drain(executor.execute(_unit(graph, "big")))
+    after = _requests(executor_env)
+    expected = f"big:{len(payload)}:{hashlib.sha256(payload.encode()).hexdigest()}"
+    assert _text(items) == expected
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("create", "files_put", "exec_stream", "delete")}
+    assert delta == {"create": 1, "files_put": 1, "exec_stream": 1, "delete": 1}
+    assert executor_env.wait_until_no_live(timeout=5.0) == []
