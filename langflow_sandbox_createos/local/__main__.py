@@ -37,6 +37,11 @@ def parser() -> argparse.ArgumentParser:
         "--tls-cert", type=Path, help="serve HTTPS with this PEM certificate (chain); needs --tls-key"
     )
     p.add_argument("--tls-key", type=Path, help="the PEM private key for --tls-cert")
+    p.add_argument(
+        "--http2",
+        action="store_true",
+        help="serve HTTP/2 (and HTTP/1.1) with hypercorn; needs --tls-cert (connection faults are HTTP/1.1 only)",
+    )
     p.add_argument("--boot-delay-ms", type=int, default=0, help="extra time create takes before running")
     p.add_argument(
         "--transition-delay-ms", type=int, default=0, help="time pausing/resuming/forking/destroying last"
@@ -90,6 +95,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         parser().error("--tls-cert and --tls-key go together")
+    if args.http2 and args.tls_cert is None:
+        parser().error("--http2 needs --tls-cert and --tls-key (clients negotiate HTTP/2 with TLS ALPN)")
+    if args.http2:
+        try:
+            import hypercorn  # noqa: F401
+        except ImportError:
+            parser().error("--http2 needs hypercorn: pip install hypercorn")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     owned_state = args.state_dir is None
     state_dir = Path(tempfile.mkdtemp(prefix="createos-local-")) if owned_state else args.state_dir
@@ -114,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         port_file=args.port_file,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        http2=args.http2,
         log_level=args.log_level,
     )
     # imported late so --help works without the server dependencies

@@ -108,6 +108,7 @@ class Plane:
             "live": len(self.store.live()),
             "guest_processes": self.runner.live_processes,
             "connections_opened": self.counters.connections_opened,
+            "http_versions": dict(self.counters.http_versions),
             "bytes_sent": self.counters.bytes_sent,
             "memory_enforced": self.memory_enforced,
             "pids_limit": GUEST_PIDS_MAX if self.cgroups.pids_parent is not None else None,

@@ -30,4 +30,5 @@ class ServerConfig:
     # serve HTTPS with this certificate chain and key (PEM); plain HTTP when unset
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    http2: bool = False  # hypercorn, HTTP/2 over TLS (ALPN); needs tls_cert
     log_level: str = "warning"

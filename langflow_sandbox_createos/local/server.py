@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 from typing import Any
 
@@ -65,6 +66,22 @@ def serve(config: ServerConfig) -> None:
     app = build_app(plane)
     sock = bind_socket(config.host, config.port)
     port = sock.getsockname()[1]
+    scheme = "https" if config.tls_cert else "http"
+    url = f"{scheme}://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
+    if config.port_file is not None:
+        tmp = config.port_file.with_suffix(".tmp")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(config.port_file)
+    logging.getLogger("createos.local").warning(
+        "createos-local listening on %s (state: %s)%s",
+        url,
+        config.state_dir,
+        " with HTTP/2" if config.http2 else "",
+    )
+    print(f"createos-local listening on {url}", flush=True)
+    if config.http2:
+        _serve_http2(config, plane, app, sock)
+        return
     uv_config = uvicorn.Config(
         app,
         http=TransportAwareProtocol,
@@ -76,15 +93,37 @@ def serve(config: ServerConfig) -> None:
         ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
         ssl_keyfile=str(config.tls_key) if config.tls_key else None,
     )
-    server = ControlPlaneServer(uv_config, plane)
-    scheme = "https" if config.tls_cert else "http"
-    url = f"{scheme}://{config.host if ':' not in config.host else f'[{config.host}]'}:{port}"
-    if config.port_file is not None:
-        tmp = config.port_file.with_suffix(".tmp")
-        tmp.write_text(f"{port}\n")
-        tmp.replace(config.port_file)
-    logging.getLogger("createos.local").warning(
-        "createos-local listening on %s (state: %s)", url, config.state_dir
-    )
-    print(f"createos-local listening on {url}", flush=True)
-    server.run(sockets=[sock])
+    ControlPlaneServer(uv_config, plane).run(sockets=[sock])
+
+
+def _serve_http2(config: ServerConfig, plane: Plane, app: Any, sock: socket.socket) -> None:
+    """HTTP/2 (ALPN h2, HTTP/1.1 still offered) over TLS with hypercorn, for clients that
+    multiplex. Connection-level faults need uvicorn's HTTP/1.1 transport: here a reset before
+    the answer comes out as HTTP 500, and a cut body leaves the stream open (the client's
+    deadline ends it)."""
+    from hypercorn.asyncio import serve as hypercorn_serve
+    from hypercorn.config import Config as HypercornConfig
+
+    hc = HypercornConfig()
+    hc.bind = [f"fd://{sock.fileno()}"]
+    hc.certfile = str(config.tls_cert)
+    hc.keyfile = str(config.tls_key)
+    hc.alpn_protocols = ["h2", "http/1.1"]
+    hc.graceful_timeout = 3.0
+    hc.keep_alive_timeout = 30.0
+    hc.loglevel = config.log_level.upper()
+    hc.accesslog = "-" if config.log_level in ("debug", "trace") else None
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def shutdown_trigger() -> None:
+            await stop.wait()
+            plane.runner.kill_all()  # in-flight execs end now instead of holding shutdown open
+
+        await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)
+
+    asyncio.run(main())

@@ -15,6 +15,7 @@ class Counters:
     requests: Counter[str] = field(default_factory=Counter)
     statuses: Counter[str] = field(default_factory=Counter)
     connections: set[tuple[str, int]] = field(default_factory=set)
+    http_versions: Counter[str] = field(default_factory=Counter)
     bytes_sent: int = 0
 
     @property
@@ -38,6 +39,7 @@ class StatsMiddleware:
         scope["createos.route"] = route
         counters = self.counters
         counters.requests[route] += 1
+        counters.http_versions[str(scope.get("http_version", "?"))] += 1
         client = scope.get("client")
         if client:
             counters.connections.add((client[0], client[1]))
