@@ -309,6 +309,7 @@ def acquire_reused_guest(
                 record = None
             if record is None:
                 guest_ids.forget(name, cached)
+        from_get = record is not None  # a full view; a list row may be abridged
         if record is None:
             record = _pick(client.list(prefix=name), name)
         if record is None:
@@ -322,8 +323,8 @@ def acquire_reused_guest(
         elif record.get("status") != "destroying":
             sandbox_id = str(record["id"])
             try:
-                # a list row may be abridged: decide on drift from a fresh GET
-                current = record if cached == sandbox_id else client.get(sandbox_id)
+                # decide on drift (and state) from a GET, never from a list row
+                current = record if from_get else client.get(sandbox_id)
                 _check_drift(current, wanted, allow_network)
                 running = (
                     current

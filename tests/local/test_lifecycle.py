@@ -90,10 +90,11 @@ def test_pause_freezes_a_running_guest(
                 assert tick.read_text() == frozen_at
                 data(client.post(f"/v1/sandboxes/{sid}/resume"))
                 body = response.read().decode()
+            final_tick = tick.read_text().strip()  # before the delete removes the workspace
         finally:
             client.delete(f"/v1/sandboxes/{sid}")
     assert '"exit_code":0' in body and "done" in body
-    assert tick.read_text().strip() == "200"
+    assert final_tick == "200"
 
 
 def test_fork_copies_a_paused_guest(client: httpx.Client, sandbox_factory: SandboxFactory) -> None:
