@@ -167,7 +167,7 @@ class CreateOSBackend:
                 error = type(error)(f"{error} (guest {guest}, which is being deleted)")
             raise error from None
         finally:
-            _collect_deletes(client, 0.0)
+            runtime.log_delete_outcomes(client, 0.0, logger)
         logger.debug(
             "createos run on %s (%s) finished in %.0f ms wall, exit %s",
             result.sandbox_id,
@@ -198,7 +198,7 @@ class CreateOSBackend:
                 logger.debug("pending_deletes failed", exc_info=True)
                 continue
             remaining = max(0.0, deadline - time.monotonic())
-            _collect_deletes(client, remaining if pending else 0.0)
+            runtime.log_delete_outcomes(client, remaining if pending else 0.0, logger)
             try:
                 left = client.pending_deletes()
             except Exception:
@@ -429,26 +429,6 @@ def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
         exit_code=exit_code,
         execution_time_ms=None if exec_ms is None else int(exec_ms),
     )
-
-
-def _collect_deletes(client: Any, timeout: float) -> None:
-    """Log the outcome of every background delete that finished (never the key)."""
-    try:
-        outcomes = client.drain_deletes(timeout)
-    except Exception:  # collecting outcomes must never fail a run
-        logger.debug("drain_deletes failed", exc_info=True)
-        return
-    for sandbox_id, status, error in outcomes:
-        if error is None and (status is None or 200 <= status < 300 or status == 404):
-            logger.debug("CreateOS: deleted guest %s (HTTP %s)", sandbox_id, status)
-        else:
-            logger.warning(
-                "CreateOS: could not delete guest %s (HTTP %s): %s. Auto-pause bounds its cost; "
-                "delete leftovers with 'createos-langflow reap --yes'.",
-                sandbox_id,
-                status,
-                error or "unexpected status",
-            )
 
 
 def _size(n: int) -> str:

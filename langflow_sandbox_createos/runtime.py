@@ -241,7 +241,7 @@ atexit.register(log_pending_deletes, EXIT_DRAIN_SECONDS)
 
 def log_delete_outcomes(client: object, timeout: float, log: logging.Logger = logger) -> None:
     """Log the outcome of every background delete that finished (never the key): the
-    component's counterpart of the backend's, for deletes the native client retried."""
+    backend's deletes and those the native client retried for the component."""
     try:
         outcomes = client.drain_deletes(timeout)  # type: ignore[attr-defined]
     except Exception:  # collecting outcomes must never fail a run
