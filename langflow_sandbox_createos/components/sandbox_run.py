@@ -386,26 +386,27 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
     files: list[tuple[str, bytes]] = []
     stdin: str | None = None
     source = ""
+    try:
+        data = req.program.encode("utf-8")
+        json_safe = True
+    except UnicodeEncodeError:
+        # lone surrogates cannot travel in a JSON string: the bytes are uploaded, and the
+        # guest reports the invalid source exactly as it would locally
+        data = req.program.encode("utf-8", "surrogatepass")
+        json_safe = False
     if req.mode == "python":
         source = f"{run_dir}/main.py"
         program = ["python3", "-u", source]
-    elif len(req.program.encode("utf-8", "surrogatepass")) > INLINE_COMMAND_MAX:
+    elif len(data) > INLINE_COMMAND_MAX:
         source = f"{run_dir}/main.sh"
         program = ["/bin/sh", source]
     else:
         program = ["/bin/sh", "-c", req.program]
     if source:
-        try:
-            data = req.program.encode("utf-8")
-        except UnicodeEncodeError:
-            # lone surrogates cannot travel in a JSON string: upload the bytes, and the guest
-            # reports the invalid source exactly as it would locally
-            files.append((source, req.program.encode("utf-8", "surrogatepass")))
+        if json_safe and len(data) <= runtime.STDIN_PROGRAM_MAX_BYTES:
+            stdin = req.program  # written to `source` by the wrapper: one round trip fewer
         else:
-            if len(data) <= runtime.STDIN_PROGRAM_MAX_BYTES:
-                stdin = req.program  # written to `source` by the wrapper: one round trip fewer
-            else:
-                files.append((source, data))
+            files.append((source, data))
     archive_budget = ARCHIVE_BUDGET_SECONDS if req.collect else 0
     lock_wait = lock_wait_seconds(req.timeout) if lock else 0
     argv = [
@@ -505,6 +506,23 @@ def _resume_retry(client: Any, native: Any, sandbox_id: str) -> Callable[[Callab
     return call
 
 
+def _upload_and_exec(
+    client: Any, sandbox_id: str, program: _GuestProgram, max_output: int, on_output: OutputCallback | None
+) -> Any:
+    """Run `program` on an existing guest: its files go up first, then one exec."""
+    for path, data in program.files:
+        client.upload(sandbox_id, path, data)
+    return client.exec(
+        sandbox_id,
+        "/bin/sh",
+        program.argv,
+        stdin=program.stdin,
+        timeout=program.exec_timeout,
+        max_output_bytes=max_output,
+        on_output=on_output,
+    )
+
+
 def _run_reused(
     client: Any,
     native: Any,
@@ -530,22 +548,10 @@ def _run_reused(
     program = build_program(req, lock=True)
     retry = _resume_retry(client, native, sandbox_id)
 
-    def execute() -> Any:
-        for path, data in program.files:
-            client.upload(sandbox_id, path, data)
-        return client.exec(
-            sandbox_id,
-            "/bin/sh",
-            program.argv,
-            stdin=program.stdin,
-            timeout=program.exec_timeout,
-            max_output_bytes=max_output,
-            on_output=on_output,
-        )
-
     phase.action = f"run the program on guest {sandbox_id}"
     note(f"Running on {'reused' if reused else 'new'} guest {sandbox_id}…")
-    outcome = _outcome(retry(execute), req, sandbox_id, reused)
+    result = retry(lambda: _upload_and_exec(client, sandbox_id, program, max_output, on_output))
+    outcome = _outcome(result, req, sandbox_id, reused)
     if req.collect:
         note("Collecting files…")
         _collect(client, native, sandbox_id, program, outcome, retry)
@@ -601,17 +607,7 @@ def _run_fresh(
     try:
         phase.action = f"run the program on guest {sandbox_id}"
         note(f"Running on new guest {sandbox_id}…")
-        for path, data in program.files:
-            client.upload(sandbox_id, path, data)
-        result = client.exec(
-            sandbox_id,
-            "/bin/sh",
-            program.argv,
-            stdin=program.stdin,
-            timeout=program.exec_timeout,
-            max_output_bytes=max_output,
-            on_output=on_output,
-        )
+        result = _upload_and_exec(client, sandbox_id, program, max_output, on_output)
         outcome = _outcome(result, req, sandbox_id, False)
         note("Collecting files…")
         _collect(client, native, sandbox_id, program, outcome, lambda fn: fn())
