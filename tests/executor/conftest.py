@@ -62,14 +62,14 @@ def chat_graph() -> Any:
     return Graph(chat_in, chat_out)
 
 
-def middle_graph(component_cls: type, method: str, vertex_id: str = "middle") -> Any:
-    """ChatInput -> <custom component> -> ChatOutput."""
+def middle_graph(component_cls: type, method: str, vertex_id: str = "middle", **params: Any) -> Any:
+    """ChatInput -> <custom component, given `params`> -> ChatOutput."""
     from lfx.components.input_output import ChatInput, ChatOutput
     from lfx.graph import Graph
 
     chat_in = ChatInput(_id="chat-in")
     middle = component_cls(_id=vertex_id)
-    middle.set(input_value=chat_in.message_response)
+    middle.set(input_value=chat_in.message_response, **params)
     chat_out = ChatOutput(_id="chat-out")
     chat_out.set(input_value=getattr(middle, method))
     return Graph(chat_in, chat_out)

@@ -186,13 +186,7 @@ async def test_a_spec_over_4_mib_is_uploaded_and_runs(executor: CreateOSExecutor
     from langflow_sandbox_createos import executor as executor_module
 
     payload = "0123456789abcdef" * (executor_module.STDIN_SPEC_MAX_BYTES // 16 + 4096)  # 4 MiB + 64 KiB
-    from lfx.components.input_output import ChatInput, ChatOutput
-    from lfx.graph import Graph
-
-    chat_in, middle, chat_out = ChatInput(_id="chat-in"), Digest(_id="middle"), ChatOutput(_id="chat-out")
-    middle.set(input_value=chat_in.message_response, payload=payload)
-    chat_out.set(input_value=middle.digest)
-    graph = Graph(chat_in, chat_out)
+    graph = middle_graph(Digest, "digest", payload=payload)
     before = _requests(executor_env)
     items = await drain(executor.execute(_unit(graph, "big")))
     after = _requests(executor_env)

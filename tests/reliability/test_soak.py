@@ -33,6 +33,7 @@ from langflow_sandbox_createos import backend as backend_module
 from langflow_sandbox_createos import executor as executor_module
 from langflow_sandbox_createos import runtime, settings
 from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.local import faults
 
 from . import harness
 from .conftest import SUMMARY
@@ -75,22 +76,7 @@ PROGRAMS: list[tuple[str, str]] = [  # (code, expected stdout)
 # A 404 from DELETE means "already gone" (the native client counts it as deleted): injected on
 # a live guest it fakes a state CreateOS cannot be in, so the soak injects 404 on every other
 # route (the matrix covers delete x 404 as documented).
-ROUTES_BUT_DELETE = (
-    "whoami",
-    "shapes",
-    "create",
-    "list",
-    "get",
-    "patch",
-    "pause",
-    "resume",
-    "egress_get",
-    "egress_put",
-    "files_put",
-    "files_get",
-    "exec",
-    "exec_stream",
-)
+ROUTES_BUT_DELETE = tuple(sorted(faults.ROUTE_NAMES - {"delete", "healthz", "readyz"}))
 
 
 def fault_rules() -> list[dict[str, Any]]:
