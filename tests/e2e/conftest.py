@@ -108,6 +108,9 @@ class LangflowServer:
             LANGFLOW_START_TIMEOUT=str(int(START_TIMEOUT)),
             LANGFLOW_CREATE_STARTER_PROJECTS="false",  # Langflow's own ~30 starters: slow, unused
             DO_NOT_TRACK="true",
+            # Code execution for administrators only: the auto-login superuser runs code as
+            # usual, and test_policy.py's ordinary user is refused (Langflow's own gate).
+            LANGFLOW_CUSTOM_COMPONENT_ADMIN_ONLY="true",
         )
         started = time.monotonic()
         # env --default-signal=INT: pytest may itself run with SIGINT ignored (any `cmd &` from a
