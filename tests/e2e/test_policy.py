@@ -1,7 +1,8 @@
-"""Langflow's code-execution policy, on a real Langflow server (``make run``'s, see conftest.py):
-the CreateOS Sandbox node is refused where the Python Interpreter is, before any guest exists,
-and its program, network, reuse, shape and timeout fields refuse tweaks like the Interpreter's
-code. Checked against createos-local's own records of every guest it ever created.
+"""Langflow's security model, on a real Langflow server (``make run``'s, see conftest.py): the
+CreateOS Sandbox node is refused where the Python Interpreter is, before any guest exists; its
+program, network, reuse, shape and timeout fields refuse tweaks like the Interpreter's code; a
+reused guest idle past its lifetime is gone after the next use or a reap. Checked against
+createos-local's own records of every guest it ever created.
 
 The server runs with ``LANGFLOW_CUSTOM_COMPONENT_ADMIN_ONLY=true`` (conftest.py): the
 auto-login superuser runs code as usual, and a second, ordinary user is the one whose code
@@ -12,13 +13,22 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 import urllib.parse
 import urllib.request
 from typing import Any
 
 import pytest
-from test_langflow_server import INTERPRETER, SANDBOX, create_flow  # tests/e2e is on sys.path
+from test_langflow_server import (  # tests/e2e on sys.path
+    INTERPRETER,
+    SANDBOX,
+    create_flow,
+    json_block,
+    run_outputs,
+)
 
+from langflow_sandbox_createos import clock
+from langflow_sandbox_createos._createos import Client
 from langflow_sandbox_createos.starter import LangflowClient, LangflowError
 
 pytestmark = [pytest.mark.langflow, pytest.mark.timeout(600)]
@@ -107,3 +117,34 @@ def test_tweaks_of_our_protected_fields_are_refused_like_the_interpreters_code(l
         answer = refusal(client, flow_id, {SANDBOX: {field: value}})
         assert "HTTP 422" in answer and field in answer and reason in answer, (field, answer)
     assert langflow_server.sandboxes() == before, "a refused run created a guest"
+
+
+def _idle_past_lifetime(plane: Client, sandbox_id: str, lifetime: float) -> None:
+    """What auto-pause does after its window, then more than the lifetime of waiting."""
+    plane.pause(sandbox_id)
+    while (clock.paused_seconds(plane.get(sandbox_id), time.time()) or 0.0) <= lifetime:
+        time.sleep(0.25)
+
+
+def test_reused_guest_idle_past_its_lifetime_is_gone_after_next_use_or_reap(langflow_server: Any) -> None:
+    def reuse(recipe: dict[str, Any]) -> None:
+        only(SANDBOX)(recipe)
+        next(n for n in recipe["nodes"] if n["id"] == SANDBOX)["values"]["session_mode"] = "flow"
+
+    admin = langflow_server.client()
+    flow_id = create_flow(admin, "e2e: idle lifetime", reuse)
+    plane = Client(langflow_server.control_plane_url, langflow_server.local_api_key)
+    lifetime = langflow_server.reuse_idle_seconds
+
+    first = json_block(run_outputs(admin, flow_id)[SANDBOX])
+    _idle_past_lifetime(plane, first["sandbox_id"], lifetime)
+    second = json_block(run_outputs(admin, flow_id)[SANDBOX])  # the next use
+    assert second["sandbox_id"] != first["sandbox_id"] and second["reused_guest"] is False, second
+    assert first["sandbox_id"] in second["reuse_notice"], second
+    assert plane.get(first["sandbox_id"])["status"] in ("destroying", "destroyed")
+
+    _idle_past_lifetime(plane, second["sandbox_id"], lifetime)
+    reap = langflow_server.cli("reap", "--idle", f"{lifetime}s", "--yes")
+    assert reap.returncode == 0, reap.stdout + reap.stderr
+    assert second["sandbox_id"] in reap.stdout and "Deleted 1 of 1 guest(s)." in reap.stdout, reap.stdout
+    assert plane.get(second["sandbox_id"])["status"] in ("destroying", "destroyed")
