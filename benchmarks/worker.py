@@ -238,7 +238,8 @@ def op_component(cmd: dict[str, Any]) -> dict[str, Any]:
         python_code=cmd.get("code", "print(1)"),
         session_mode=cmd.get("session_mode", "flow"),
     )
-    graph = Graph(component, component, flow_id=cmd["flow_id"])
+    # Guest Reuse is per Langflow user: a run without one gets a fresh guest
+    graph = Graph(component, component, flow_id=cmd["flow_id"], user_id="bench-user")
 
     async def go() -> None:
         async for _ in graph.async_start():

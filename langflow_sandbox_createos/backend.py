@@ -94,12 +94,19 @@ class CreateOSBackend:
     # --- protocol ------------------------------------------------------------------------
 
     def capabilities(self) -> Capabilities:
-        """Static: hardware isolation and deny-all egress; no domain allowlist (CreateOS
-        stores hostname rules without enforcing them)."""
+        """What this backend enforces; lfx's dispatcher decides whether that is enough.
+
+        Hardware isolation; no domain allowlist (CreateOS stores hostname rules without
+        enforcing them); at most MAX_TIMEOUT_SECONDS per run. Deny-all egress only once
+        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true: the deny-all rule leaves
+        169.254.0.0/16 reachable, so without that acknowledgement "off" is not enforced
+        and lfx refuses egress-off runs itself. Reads one environment variable, no I/O.
+        """
         return Capabilities(
             isolation="hardware-virtualized",
-            supports_deny_all_egress=True,
+            supports_deny_all_egress=_deny_all_acknowledged(),
             supports_domain_allowlist=False,
+            max_timeout_seconds=settings.MAX_TIMEOUT_SECONDS,
         )
 
     def run(
@@ -219,6 +226,15 @@ class CreateOSBackend:
 
 
 # --- one run, step by step -----------------------------------------------------------------
+
+
+def _deny_all_acknowledged() -> bool:
+    """LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS, with an unreadable value read as
+    not acknowledged (fail closed: run() then reports the malformed setting itself)."""
+    try:
+        return settings.accept_egress_exceptions()
+    except SettingsError:
+        return False
 
 
 def _read_settings() -> BackendSettings:

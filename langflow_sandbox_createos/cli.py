@@ -16,14 +16,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any
 
-from langflow_sandbox_createos import settings
+from langflow_sandbox_createos import clock, settings
 from langflow_sandbox_createos.settings import SettingsError
 
 PLUGIN_PREFIXES = ("lf-c-", "lf-x-", "lf-")
+REUSED_PREFIX = "lf-c-"  # the component's guests; Guest Reuse keeps its own until idle too long
 ENTRY_POINTS = {
     "lfx.sandbox_backends": "createos",
     "langflow.extensions": "langflow-sandbox-createos",
@@ -296,16 +296,8 @@ def parse_duration(text: str) -> float:
 
 
 def _age_seconds(row: dict[str, Any], now: float) -> float | None:
-    created = row.get("created_at")
-    if not isinstance(created, str):
-        return None
-    try:
-        stamp = datetime.fromisoformat(created.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=timezone.utc)
-    return max(0.0, now - stamp.timestamp())
+    created = clock.parse_timestamp(row.get("created_at"))
+    return None if created is None else max(0.0, now - created)
 
 
 def _format_age(seconds: float | None) -> str:
@@ -326,8 +318,11 @@ def find_leftovers(
     prefixes: Sequence[str] = PLUGIN_PREFIXES,
     states: Sequence[str] | None = None,
     older_than: float | None = None,
+    idle_longer_than: float | None = None,
     now: float | None = None,
 ) -> list[dict[str, Any]]:
+    """The plugin's guests among `rows`. `idle_longer_than`: only reused guests (`lf-c-`)
+    paused for longer than that, which is how the component measures idleness."""
     now = time.time() if now is None else now
     picked = []
     for row in rows:
@@ -342,8 +337,23 @@ def find_leftovers(
         age = _age_seconds(row, now)
         if older_than is not None and (age is None or age < older_than):
             continue
-        picked.append({**row, "age_seconds": age})
+        idle = clock.paused_seconds(row, now)
+        if idle_longer_than is not None and (
+            not name.startswith(REUSED_PREFIX) or idle is None or idle <= idle_longer_than
+        ):
+            continue
+        picked.append({**row, "age_seconds": age, "idle_seconds": idle})
     return picked
+
+
+def _with_pause_time(client: Any, row: dict[str, Any]) -> dict[str, Any]:
+    name = str(row.get("name") or "")
+    if row.get("status") != "paused" or "paused_at" in row or not name.startswith(REUSED_PREFIX):
+        return row
+    try:
+        return client.get(row["id"])
+    except Exception:  # gone meanwhile, or unreadable: it is not reaped as idle
+        return row
 
 
 def _progress(done: int, total: int, stream: Any) -> None:
@@ -361,21 +371,26 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
     try:
         endpoint = runtime.endpoints.get()
         rows = endpoint.client.list()  # type: ignore[attr-defined]
+        if args.idle is not None:  # a list row may leave out paused_at: ask for the full view
+            rows = [_with_pause_time(endpoint.client, row) for row in rows]
     except Exception as exc:
         print(f"reap: {runtime.describe(exc) if not isinstance(exc, SettingsError) else exc}", file=err)
         return 2
     prefixes = tuple(args.prefix) if args.prefix else PLUGIN_PREFIXES
     states = tuple(args.state) if args.state else None
-    leftovers = find_leftovers(rows, prefixes=prefixes, states=states, older_than=args.older_than)
+    leftovers = find_leftovers(
+        rows, prefixes=prefixes, states=states, older_than=args.older_than, idle_longer_than=args.idle
+    )
     if args.json:
         json.dump({"guests": leftovers, "dry_run": not args.yes}, out, indent=2, default=str)
         out.write("\n")
     else:
-        print(f"{'ID':<30} {'NAME':<24} {'STATE':<11} AGE", file=out)
+        print(f"{'ID':<30} {'NAME':<24} {'STATE':<11} {'AGE':<7} IDLE", file=out)
         for row in leftovers:
+            idle = row["idle_seconds"]
             print(
                 f"{row.get('id', ''):<30} {row.get('name', ''):<24} {row.get('status', ''):<11} "
-                f"{_format_age(row['age_seconds'])}",
+                f"{_format_age(row['age_seconds']):<7} {'-' if idle is None else _format_age(idle)}",
                 file=out,
             )
         print(f"{len(leftovers)} guest(s) left behind by the plugin.", file=out)
@@ -411,6 +426,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--older-than", type=parse_duration, default=None, help="only guests older than e.g. 2h")
     rp.add_argument("--prefix", action="append", help="name prefix (repeatable); default lf-, lf-c-, lf-x-")
     rp.add_argument("--state", action="append", help="only guests in this state (repeatable)")
+    rp.add_argument(
+        "--idle",
+        type=parse_duration,
+        default=None,
+        help="only reused guests (lf-c-) paused for longer than e.g. 1h (CREATEOS_SANDBOX_REUSE_IDLE_SECONDS)",
+    )
     rp.add_argument("--yes", action="store_true", help="really delete (default: dry run)")
     rp.add_argument("--json", action="store_true", help="machine-readable output")
     return parser

@@ -262,6 +262,22 @@ def accept_egress_exceptions(environ: Mapping[str, str] | None = None) -> bool:
     return parse_bool("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", False, environ)
 
 
+# A reused guest (Guest Reuse = flow or session) idle longer than this is deleted: at its
+# next use, by the sweep that runs with reused runs, and by `createos-langflow reap --idle`.
+DEFAULT_REUSE_IDLE_SECONDS = 3600
+MAX_REUSE_IDLE_SECONDS = 30 * 86400
+
+
+def reuse_idle_seconds(environ: Mapping[str, str] | None = None) -> int:
+    return parse_int(
+        "CREATEOS_SANDBOX_REUSE_IDLE_SECONDS",
+        DEFAULT_REUSE_IDLE_SECONDS,
+        minimum=1,
+        maximum=MAX_REUSE_IDLE_SECONDS,
+        environ=environ,
+    )
+
+
 def rootfs(environ: Mapping[str, str] | None = None) -> str:
     return raw("CREATEOS_SANDBOX_ROOTFS", environ) or DEFAULT_ROOTFS
 

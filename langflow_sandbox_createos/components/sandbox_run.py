@@ -15,17 +15,19 @@ path. The archive is downloaded with a byte cap and removed.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import artifacts, runtime, settings
+from langflow_sandbox_createos import artifacts, clock, runtime, settings
 from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.component")
@@ -81,6 +83,14 @@ exit "$rc"
 """
 
 Mode = Literal["python", "command"]
+REUSE_MODES = ("off", "flow", "session")
+NO_OWNER_NOTICE = (
+    "Guest Reuse is on, but this run has no Langflow user id (or, for session reuse, no session id), "
+    "so a reused guest could be shared with anyone else who runs the flow without one: it ran on a "
+    "fresh guest, deleted afterwards."
+)
+SWEEP_INTERVAL_SECONDS = 60.0  # at most one sweep of idle reused guests per process per minute
+SWEEP_MAX_DELETES = 50
 OutputCallback = Callable[[Literal["stdout", "stderr"], str], None]
 T = TypeVar("T")
 
@@ -96,6 +106,9 @@ class RunRequest:
     shape: str
     flow_id: str
     component_id: str
+    # Whose guest a reused run gets: ("user:<id>",) for flow, plus ("session:<id>",) for
+    # session; None when reuse was asked for but the run has no such identity.
+    owner: tuple[str, ...] | None = ()
 
 
 @dataclass
@@ -113,6 +126,7 @@ class RunOutcome:
     files: list[artifacts.ArtifactFile] = field(default_factory=list)
     artifacts_truncated: bool = False
     artifacts_message: str = ""
+    reuse_notice: str = ""
 
     @property
     def error(self) -> str | None:
@@ -140,6 +154,8 @@ class RunOutcome:
         }
         if self.artifacts_message:
             payload["artifacts_message"] = self.artifacts_message
+        if self.reuse_notice:
+            payload["reuse_notice"] = self.reuse_notice
         error = self.error
         if error is not None:
             payload["error"] = error
@@ -176,9 +192,37 @@ def resolve_shape(value: str | None) -> str:
     return (value or "").strip() or settings.pinned_shape() or DEFAULT_COMPONENT_SHAPE
 
 
-def reuse_name(flow_id: str, component_id: str, egress: tuple[str, ...]) -> str:
-    """The guest's name for (flow, component, network policy): 22 characters, `lf-c-` prefix."""
-    return runtime.stable_name(NAME_PREFIX, flow_id, component_id, ",".join(egress))
+def reuse_owner(mode: str, user_id: object, session_id: object) -> tuple[str, ...] | None:
+    """Who a reused guest belongs to: the run's Langflow user (flow), and its session too
+    (session). None when that identity is missing: such a run must not share a guest."""
+    if mode == "off":
+        return ()
+    user = str(user_id or "").strip()
+    if not user:
+        return None
+    if mode == "flow":
+        return (f"user:{user}",)
+    session = str(session_id or "").strip()
+    return (f"user:{user}", f"session:{session}") if session else None
+
+
+def reuse_name(flow_id: str, component_id: str, egress: tuple[str, ...], owner: tuple[str, ...]) -> str:
+    """The guest's name for (flow, component, owner, network policy): 22 characters, `lf-c-`
+    prefix. The parts are hashed as one JSON list, so no choice of a session id (which the
+    caller picks) can make its parts read as another owner's."""
+    return runtime.stable_name(NAME_PREFIX, json.dumps([flow_id, component_id, list(owner), list(egress)]))
+
+
+def idle_seconds(record: dict[str, Any], now: float | None = None) -> float | None:
+    """How long a reused guest has sat unused: since it paused, which CreateOS does after
+    `auto_pause_after_seconds` without an exec. None while it is not paused (it ran within
+    its auto-pause window) or when the control plane gave no pause time."""
+    return clock.paused_seconds(record, time.time() if now is None else now)
+
+
+def idle_expired(record: dict[str, Any], limit: float, now: float | None = None) -> bool:
+    idle = idle_seconds(record, now)
+    return idle is not None and idle > limit
 
 
 # --- the per-process guest cache ---------------------------------------------------------
@@ -288,13 +332,22 @@ def _check_drift(record: dict[str, Any], wanted: tuple[str, ...], allow_network:
 
 
 def acquire_reused_guest(
-    client: Any, native: Any, name: str, spec: dict[str, Any], wanted: tuple[str, ...], allow_network: bool
+    client: Any,
+    native: Any,
+    name: str,
+    spec: dict[str, Any],
+    wanted: tuple[str, ...],
+    allow_network: bool,
+    *,
+    idle_limit: float | None = None,
+    expired: list[str] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """The running guest named `name`, and whether it already existed (False: created now).
 
     Tries the id this process remembers (one GET), then a full, paginated lookup by name,
     then a create; a duplicate-name conflict means another worker won the race, so the
-    lookup runs again and adopts its guest."""
+    lookup runs again and adopts its guest. A guest idle longer than `idle_limit` seconds is
+    deleted instead of used (its id appended to `expired`), and a fresh one is created."""
     deadline = time.monotonic() + GUEST_READY_SECONDS
     attempt = 0
     while True:
@@ -325,6 +378,11 @@ def acquire_reused_guest(
             try:
                 # decide on drift (and state) from a GET, never from a list row
                 current = record if from_get else client.get(sandbox_id)
+                if idle_limit is not None and idle_expired(current, idle_limit):
+                    _delete_expired(client, native, current, idle_limit)
+                    if expired is not None:
+                        expired.append(sandbox_id)
+                    raise _GuestGone
                 _check_drift(current, wanted, allow_network)
                 running = (
                     current
@@ -343,6 +401,65 @@ def acquire_reused_guest(
             )
         attempt += 1
         time.sleep(_sleep_step(attempt))
+
+
+def _delete_expired(client: Any, native: Any, record: dict[str, Any], limit: float) -> None:
+    sandbox_id = str(record["id"])
+    logger.info(
+        "deleting reused guest %s (%s): idle %.0f s, past CREATEOS_SANDBOX_REUSE_IDLE_SECONDS=%g",
+        sandbox_id,
+        record.get("name"),
+        idle_seconds(record) or 0.0,
+        limit,
+    )
+    with contextlib.suppress(native.NotFoundError):  # already gone: as good
+        client.delete(sandbox_id)
+
+
+class _Sweeper:
+    """Deletes every reused guest (`lf-c-`) idle past the lifetime, at most once per
+    SWEEP_INTERVAL_SECONDS per process, from reused runs: a guest whose user never comes back
+    is gone by the next reused run anyone makes after its lifetime, without a cron job."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last = float("-inf")
+
+    def due(self) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._last < SWEEP_INTERVAL_SECONDS:
+                return False
+            self._last = now
+            return True
+
+    def reset(self) -> None:
+        with self._lock:
+            self._last = float("-inf")
+
+    def sweep(self, client: Any, native: Any, limit: float) -> list[str]:
+        """Best effort: a failure is logged and the run goes on."""
+        deleted: list[str] = []
+        try:
+            rows = client.list(prefix=NAME_PREFIX)
+            now = time.time()
+            for row in rows:
+                if len(deleted) >= SWEEP_MAX_DELETES:
+                    break
+                name = str(row.get("name") or "")
+                if not name.startswith(NAME_PREFIX) or row.get("status") != "paused":
+                    continue
+                record = row if "paused_at" in row else client.get(str(row["id"]))
+                if idle_expired(record, limit, now):
+                    _delete_expired(client, native, record, limit)
+                    guest_ids.forget(name, str(record["id"]))
+                    deleted.append(str(record["id"]))
+        except native.CreateOSError as exc:
+            logger.warning("sweeping idle reused guests failed: %s", runtime.describe(exc))
+        return deleted
+
+
+sweeper = _Sweeper()
 
 
 # --- one run -------------------------------------------------------------------------------
@@ -533,11 +650,18 @@ def _run_reused(
     on_output: OutputCallback | None,
     phase: _Phase,
     note: Callable[[str], None],
+    idle_limit: int,
 ) -> RunOutcome:
-    name = reuse_name(req.flow_id, req.component_id, egress)
+    name = str(spec["name"])
+    if sweeper.due():
+        phase.action = "delete idle reused guests"
+        sweeper.sweep(client, native, idle_limit)
     phase.action = f"find or create the reused guest {name}"
     note(f"Finding guest {name}…")
-    record, reused = acquire_reused_guest(client, native, name, spec, egress, req.allow_network)
+    expired: list[str] = []
+    record, reused = acquire_reused_guest(
+        client, native, name, spec, egress, req.allow_network, idle_limit=idle_limit, expired=expired
+    )
     sandbox_id = str(record["id"])
     wanted_pause = int(spec["auto_pause_after_seconds"])
     current_pause = record.get("auto_pause_after_seconds")
@@ -552,6 +676,11 @@ def _run_reused(
     note(f"Running on {'reused' if reused else 'new'} guest {sandbox_id}…")
     result = retry(lambda: _upload_and_exec(client, sandbox_id, program, max_output, on_output))
     outcome = _outcome(result, req, sandbox_id, reused)
+    if expired:
+        outcome.reuse_notice = (
+            f"The reused guest {', '.join(expired)} was idle longer than CREATEOS_SANDBOX_REUSE_IDLE_SECONDS="
+            f"{idle_limit} and was deleted; this run started a fresh one."
+        )
     if req.collect:
         note("Collecting files…")
         _collect(client, native, sandbox_id, program, outcome, retry)
@@ -629,8 +758,14 @@ def run(
     try:
         accepted = settings.accept_egress_exceptions()
         rootfs = settings.rootfs()
+        idle_limit = settings.reuse_idle_seconds()
     except SettingsError as exc:
         raise SandboxUnavailableError(str(exc)) from None
+    notice = ""
+    if req.reuse and req.owner is None:
+        # never a guest another identity could land on: this run gets its own, deleted after
+        notice = NO_OWNER_NOTICE
+        req = replace(req, reuse=False)
     max_output = _max_output_bytes()  # every setting is judged before a guest exists
     runtime.egress_gate(req.allow_network, accepted)
     endpoint = runtime.endpoints.get()
@@ -649,9 +784,13 @@ def run(
         if req.reuse:
             budget = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
             spec = _spec(req, rootfs, egress, budget)
-            return _run_reused(client, native, req, spec, egress, max_output, on_output, phase, note)
+            return _run_reused(
+                client, native, req, spec, egress, max_output, on_output, phase, note, idle_limit
+            )
         spec = _spec(req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
-        return _run_fresh(client, native, req, spec, max_output, on_output, phase, note)
+        outcome = _run_fresh(client, native, req, spec, max_output, on_output, phase, note)
+        outcome.reuse_notice = notice
+        return outcome
     except native.CreateOSError as exc:
         raise runtime.to_lfx_error(exc, phase.action) from None
 
@@ -664,5 +803,5 @@ def _spec(req: RunRequest, rootfs: str, egress: tuple[str, ...], busy_seconds: i
         "auto_pause_after_seconds": runtime.auto_pause_seconds(busy_seconds),
     }
     if req.reuse:
-        spec["name"] = reuse_name(req.flow_id, req.component_id, egress)
+        spec["name"] = reuse_name(req.flow_id, req.component_id, egress, req.owner or ())
     return spec

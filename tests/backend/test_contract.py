@@ -34,12 +34,27 @@ def test_factory_does_no_io_and_reads_no_settings(monkeypatch: pytest.MonkeyPatc
     instance.shutdown()  # idempotent
 
 
-def test_capabilities_are_lfx_capabilities() -> None:
+def test_capabilities_are_lfx_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
     caps = create_backend().capabilities()
     assert type(caps) is Capabilities
     assert caps.isolation == "hardware-virtualized"
     assert caps.supports_deny_all_egress is True
     assert caps.supports_domain_allowlist is False
+    assert caps.max_timeout_seconds == backend_module.settings.MAX_TIMEOUT_SECONDS
+
+
+@pytest.mark.parametrize("value", [None, "false", "0", "maybe"])
+def test_deny_all_is_not_claimed_while_169_254_is_reachable(
+    monkeypatch: pytest.MonkeyPatch, value: str | None
+) -> None:
+    # Without the acknowledgement, "egress off" leaves 169.254.0.0/16 open: not deny-all.
+    # A malformed value is read as "not acknowledged" (fail closed).
+    if value is None:
+        monkeypatch.delenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", raising=False)
+    else:
+        monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", value)
+    assert create_backend().capabilities().supports_deny_all_egress is False
 
 
 def _run_guest_script(tmp_path: Path, program: str, timeout: int) -> subprocess.CompletedProcess[str]:

@@ -115,3 +115,16 @@ def test_missing_key_fails_closed_and_nothing_runs_in_process(cp: Any, tmp_path:
     assert "CREATEOS_SANDBOX_API_KEY" in report["unavailable"]
     assert not os.path.exists(marker), "the code ran in the Langflow process"
     assert {row["id"] for row in cp.sandboxes()} == before
+
+
+def test_lfx_refuses_egress_off_when_deny_all_is_not_declared(cp: Any, tmp_path: Path) -> None:
+    """lfx's dispatcher refuses egress-off code on a backend that does not declare deny-all.
+    Without the acknowledgement ours does not (169.254.0.0/16 stays reachable), so lfx's own
+    refusal comes first and no guest is created. (With it, the first test above runs.)"""
+    env = _base_env(cp, tmp_path)
+    del env["LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS"]
+    before = cp.sandboxes()
+    report = _child(env, "print('ran')", tmp_path)
+    assert "data" not in report, report
+    assert "cannot block all egress" in report["unavailable"], report  # lfx's message, not ours
+    assert cp.sandboxes() == before

@@ -22,6 +22,7 @@ from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 PACKAGE_DIR = Path(langflow_sandbox_createos.__file__).resolve().parent
 REUSE_PREFIX = sandbox_run.NAME_PREFIX
+USER_ID = "00000000-0000-4000-8000-000000000001"  # the Langflow user of run_flow's runs
 
 # Every variable the component reads, so a developer's shell cannot leak into a test.
 COMPONENT_VARS = (
@@ -83,11 +84,19 @@ def run_flow(
     *,
     flow_id: str = "flow-test",
     component_id: str = "CreateOSSandbox-t0001",
+    user_id: str | None = USER_ID,
+    session_id: str | None = None,
+    principal: Any = None,
     **params: Any,
 ) -> FlowRun:
-    """One flow run: a fresh component instance in a fresh Graph, as Langflow builds them."""
+    """One flow run: a fresh component instance in a fresh Graph, as Langflow builds them
+    (Langflow stamps the graph with the run's user id, and the run's session id)."""
     component = component_cls(_id=component_id, **params)
-    graph = Graph(component, component, flow_id=flow_id)
+    graph = Graph(component, component, flow_id=flow_id, user_id=user_id)
+    if session_id is not None:
+        graph.session_id = session_id
+    if principal is not None:  # Langflow stamps each served run with its execution principal
+        graph.execution_principal = principal
 
     async def go() -> None:
         async for _ in graph.async_start():

@@ -71,7 +71,9 @@ def test_declared_inputs_outputs_and_metadata(component_cls: type) -> None:
     assert inputs["python_code"].value == "print('hello from a microVM')"
     assert inputs["python_code"].display_name == "Python Code"
     assert inputs["command"].value == "" and inputs["command"].display_name == "Command"
-    assert inputs["session_mode"].options == ["off", "flow"] and inputs["session_mode"].value == "off"
+    assert (
+        inputs["session_mode"].options == ["off", "flow", "session"] and inputs["session_mode"].value == "off"
+    )
     assert inputs["session_mode"].display_name == "Guest Reuse"
     assert (
         inputs["collect_artifacts"].value is False

@@ -14,7 +14,7 @@ from langflow_sandbox_createos import runtime
 from langflow_sandbox_createos.components import sandbox_run
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-from .conftest import client, run_flow, wait_status
+from .conftest import USER_ID, client, run_flow, wait_status
 
 COUNTER = (
     "import pathlib\n"
@@ -39,7 +39,9 @@ def test_three_runs_share_one_guest(component_cls: type, reuse_env: LocalControl
     assert [r["result"] for r in runs] == ["1", "2", "3"]
     assert len({r["sandbox_id"] for r in runs}) == 1
     assert [r["reused_guest"] for r in runs] == [False, True, True]
-    name = sandbox_run.reuse_name("flow-test", "CreateOSSandbox-t0001", runtime.DENY_ALL)
+    name = sandbox_run.reuse_name(
+        "flow-test", "CreateOSSandbox-t0001", runtime.DENY_ALL, (f"user:{USER_ID}",)
+    )
     assert name.startswith("lf-c-") and len(name) == 22
     [guest] = live_named(reuse_env, name)  # kept after the runs, not deleted
     assert guest["id"] == runs[0]["sandbox_id"] and guest["status"] == "running"
@@ -200,7 +202,9 @@ def test_concurrent_runs_share_one_guest_and_keep_their_own_files(
         assert r.results["exit_code"] == 0, r.results
         assert list(r.files["path"]) == [f"w{i}.txt"]
         assert r.results["result"] == str([f"w{i}.txt"])  # never saw another run's file
-    name = sandbox_run.reuse_name("flow-test", "CreateOSSandbox-t0001", runtime.DENY_ALL)
+    name = sandbox_run.reuse_name(
+        "flow-test", "CreateOSSandbox-t0001", runtime.DENY_ALL, (f"user:{USER_ID}",)
+    )
     assert len(live_named(reuse_env, name)) == 1
 
 

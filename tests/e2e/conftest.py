@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_LANGFLOW = ROOT / os.environ.get("VENV_LANGFLOW", ".venv-langflow")
 START_TIMEOUT = float(os.environ.get("LANGFLOW_E2E_START_TIMEOUT", "420"))
 ARTIFACTS = ROOT / "tests" / "artifacts"
+LOCAL_API_KEY = "dev-key"  # scripts/run-langflow.sh's key for its createos-local
 # The plugin's settings must come from the script, never from the test process.
 _SCRUB = ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY", "CREATEOS_SANDBOX_BASE_URL", "LANGFLOW_")
 
@@ -55,11 +56,22 @@ class LangflowServer:
     starter_flow_id: str | None = None
     control_plane_url: str | None = None
     start_seconds: float | None = None
+    reuse_idle_seconds: int = 2  # the server's CREATEOS_SANDBOX_REUSE_IDLE_SECONDS
+    local_api_key: str = LOCAL_API_KEY
     _pump: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``createos-langflow`` of the server's venv, pointed at its createos-local."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+        env.update(
+            CREATEOS_SANDBOX_BASE_URL=str(self.control_plane_url), CREATEOS_SANDBOX_API_KEY=LOCAL_API_KEY
+        )
+        command = [str(VENV_LANGFLOW / "bin" / "createos-langflow"), *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
 
     def client(self) -> LangflowClient:
         client = LangflowClient(self.url, timeout=180)
@@ -108,6 +120,11 @@ class LangflowServer:
             LANGFLOW_START_TIMEOUT=str(int(START_TIMEOUT)),
             LANGFLOW_CREATE_STARTER_PROJECTS="false",  # Langflow's own ~30 starters: slow, unused
             DO_NOT_TRACK="true",
+            # Code execution for administrators only: the auto-login superuser runs code as
+            # usual, and test_policy.py's ordinary user is refused (Langflow's own gate).
+            LANGFLOW_CUSTOM_COMPONENT_ADMIN_ONLY="true",
+            # Reused guests paused for more than 2 s are deleted (test_policy.py watches it).
+            CREATEOS_SANDBOX_REUSE_IDLE_SECONDS=str(self.reuse_idle_seconds),
         )
         started = time.monotonic()
         # env --default-signal=INT: pytest may itself run with SIGINT ignored (any `cmd &` from a

@@ -34,6 +34,8 @@ API_KEY = "sk-cos-reliab-" + secrets.token_hex(20)
 KEY_WINDOW = 10
 
 COMPONENT_SHAPE = "s-2vcpu-4gb"
+USER_ID = "reliability-user"  # the Langflow user of the component's runs (Guest Reuse is per user)
+REUSE_OWNER = (f"user:{USER_ID}",)
 PACKAGE_DIR = Path(runtime.__file__).resolve().parent
 
 _SETTING_VARS = (
@@ -332,6 +334,7 @@ class SurfaceDriver:
         cls = self.component_cls()
         component = cls(
             _id=component_id,
+            _user_id=USER_ID,
             python_code=code,
             command=command,
             session_mode="flow" if reuse else "off",

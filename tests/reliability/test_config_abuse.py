@@ -50,6 +50,7 @@ VARS: tuple[Var, ...] = (
     Var("CREATEOS_SANDBOX_SHAPE", "shape", ("backend", *COMPONENT), None),
     Var("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", "int", ALL, 16 * MiB),
     Var("CREATEOS_SANDBOX_WARM_POOL", "int", ("backend",), 0),
+    Var("CREATEOS_SANDBOX_REUSE_IDLE_SECONDS", "int", COMPONENT, settings.DEFAULT_REUSE_IDLE_SECONDS),
     Var("CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS", "int", ALL, 60),
     Var("CREATEOS_SANDBOX_API_KEY", "key", ALL, None),
     Var("CREATEOS_SANDBOX_BASE_URL", "url", ALL, settings.DEFAULT_BASE_URL),
@@ -193,6 +194,9 @@ def test_blank_value_means_the_documented_default(var: Var, label: str, monkeypa
             return
     if var.name == "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS":
         assert settings.control_timeout(environ) == var.default
+        return
+    if var.name == "CREATEOS_SANDBOX_REUSE_IDLE_SECONDS":
+        assert settings.reuse_idle_seconds(environ) == var.default
         return
     monkeypatch.setattr(settings, "_lfx_sandbox_settings", lambda: None)
     cfg_b = settings.backend_settings(environ)

@@ -75,7 +75,9 @@ def _component_id(case: Case) -> str:
 
 
 def _reuse_name(case: Case) -> str:
-    return sandbox_run.reuse_name("noflow", _component_id(case), runtime.egress_rules(False))
+    return sandbox_run.reuse_name(
+        "noflow", _component_id(case), runtime.egress_rules(False), harness.REUSE_OWNER
+    )
 
 
 def _env(case: Case, lane: Lane) -> dict[str, str]:

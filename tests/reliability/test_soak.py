@@ -256,7 +256,9 @@ def test_soak(soak_plane: Any) -> None:
         ):
             time.sleep(0.2)
         reused = {
-            sandbox_run.reuse_name("noflow", f"CreateOSSandbox-soak{i}", runtime.egress_rules(False))
+            sandbox_run.reuse_name(
+                "noflow", f"CreateOSSandbox-soak{i}", runtime.egress_rules(False), harness.REUSE_OWNER
+            )
             for i in (0, 1)
         }
         leftovers = [sb for sb in plane.live_sandboxes() if sb["name"] not in reused]

@@ -15,9 +15,12 @@ from lfx.io import BoolInput, DropdownInput, IntInput, MultilineInput, Output, S
 from lfx.schema.data import Data
 from lfx.schema.dataframe import DataFrame
 
-from langflow_sandbox_createos import artifacts
+from langflow_sandbox_createos import artifacts, policy
 from langflow_sandbox_createos.components import sandbox_run
 from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, MAX_TIMEOUT_SECONDS
+
+# Loaded by Langflow when it discovers the extension, before any run applies tweaks.
+policy.register_protected_tweak_fields()
 
 PROGRESS_LOG_INTERVAL = 2.0  # seconds between progress log entries while output streams
 PROGRESS_LOG_MAX = 30
@@ -51,11 +54,13 @@ class CreateOSSandboxComponent(Component):
             name="session_mode",
             display_name="Guest Reuse",
             info=(
-                "off: a fresh guest per run, deleted afterwards. flow: one guest per flow, component and "
-                "network setting, kept (paused when idle) so packages and files carry over. Reused guests "
-                "are never deleted by the component: reap lf-c-* sandboxes yourself."
+                "off: a fresh guest per run, deleted afterwards. flow: one guest per flow, component, "
+                "Langflow user and network setting, kept (paused when idle) so packages and files carry "
+                "over. session: the same, per chat session too. A reused guest idle longer than "
+                "CREATEOS_SANDBOX_REUSE_IDLE_SECONDS (default 1 h) is deleted. A run with no Langflow user "
+                "gets a fresh guest."
             ),
-            options=["off", "flow"],
+            options=list(sandbox_run.REUSE_MODES),
             value="off",
         ),
         BoolInput(
@@ -128,15 +133,20 @@ class CreateOSSandboxComponent(Component):
         code = self._verbatim("python_code", str(getattr(code, "text", code) or ""))
         mode: Literal["python", "command"] = "command" if command else "python"
         session = (self.session_mode or "off").strip().lower()
-        if session not in ("off", "flow"):
-            raise ValueError(f"Guest Reuse must be 'off' or 'flow', not {self.session_mode!r}.")
-        flow_id = None
+        if session not in sandbox_run.REUSE_MODES:
+            modes = ", ".join(repr(m) for m in sandbox_run.REUSE_MODES)
+            raise ValueError(f"Guest Reuse must be one of {modes}, not {self.session_mode!r}.")
+        flow_id = session_id = None
+        user_id = getattr(self, "_user_id", None)  # set by Langflow, or by a caller without a graph
         if getattr(self, "_vertex", None) is not None:
             flow_id = self.graph.flow_id
+            user_id = self.user_id
+            session_id = self.graph.session_id
         return sandbox_run.RunRequest(
             program=command if command else str(code),
             mode=mode,
-            reuse=session == "flow",
+            reuse=session != "off",
+            owner=sandbox_run.reuse_owner(session, user_id, session_id),
             collect=bool(self.collect_artifacts),
             allow_network=bool(self.allow_network),
             timeout=timeout,
@@ -161,11 +171,23 @@ class CreateOSSandboxComponent(Component):
         return value
 
     def _execute(self) -> sandbox_run.RunOutcome:
+        self._check_policy()
         request = self._request()
         progress = _Progress(self)
         outcome = sandbox_run.run(request, on_output=progress.on_output, note=progress.note)
         self.status = Data(data=outcome.results(), text_key="result")
         return outcome
+
+    def _check_policy(self) -> None:
+        """Langflow's code-execution policy, before anything else: lfx's own gate (the one the
+        Python Interpreter calls), the public-flow rule lfx applies to its code-execution
+        components, and the tweak protection this module registered at load."""
+        policy.ensure_code_execution_enabled()
+        vertex = getattr(self, "_vertex", None)
+        principal = getattr(vertex.graph, "execution_principal", None) if vertex is not None else None
+        if getattr(principal, "kind", None) == "anonymous_public":
+            raise policy.public_flow_error(f"{self.display_name} ({self._id})")
+        policy.require_protected_tweak_fields()
 
     # --- outputs ------------------------------------------------------------------------------
 
