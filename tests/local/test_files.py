@@ -69,7 +69,9 @@ def test_any_absolute_path_a_guest_could_write(client: httpx.Client, sandbox: di
         data(client.put(url, params={"path": path}, content=path.encode()))
         assert client.get(url, params={"path": path}).content == path.encode()
     # uploads belong to the guest user, who can change them in place
-    out = sh(client, sandbox["id"], "stat -c %u /opt/a/b/c.txt /opt/a; echo more >> /opt/a/b/c.txt && echo ok")
+    out = sh(
+        client, sandbox["id"], "stat -c %u /opt/a/b/c.txt /opt/a; echo more >> /opt/a/b/c.txt && echo ok"
+    )
     assert out["stdout"].split() == ["1000", "1000", "ok"], out
     assert not os.path.exists("/opt/a/b/c.txt")
 
