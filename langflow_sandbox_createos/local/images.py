@@ -25,10 +25,11 @@ import os
 import shutil
 import sys
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_ROOTFS = "devbox:1"
+from .catalog import DEFAULT_ROOTFS
+
 TEMPLATE_NAME = "langflow-lfx"
 TEMPLATE_ID = "tpl_" + hashlib.sha256(TEMPLATE_NAME.encode()).hexdigest()[:26]
 # the guest's identity inside its user namespace, and the unprivileged host identity it maps to
@@ -73,7 +74,6 @@ class Image:
     binds: tuple[tuple[Path, str], ...] = ()  # (host dir, guest path), read-only
     path: str = SYSTEM_PATH
     template_id: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
 
 
 def _passwd() -> str:

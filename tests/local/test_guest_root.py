@@ -82,13 +82,17 @@ def test_image_files_replaced_in_a_guest_are_its_own(
 
 
 def test_disk_is_bounded_by_disk_mib_and_grows_with_resize(
-    client: httpx.Client, sandbox_factory: SandboxFactory
+    client: httpx.Client, cp: LocalControlPlane, sandbox_factory: SandboxFactory
 ) -> None:
     sid = sandbox_factory(disk_mib=8)["id"]
     write = "head -c 12582912 /dev/zero > /workspace/big && echo wrote"
     full = sh(client, sid, write)
     assert full["exit_code"] != 0 and "No space left" in full["stderr"], full
     assert sh(client, sid, "df -m / | tail -1")["stdout"].split()[1] == "8"
+    sh(client, sid, "rm -f /workspace/big")
+    too_big = client.put(files_url(sid), params={"path": "/root/big"}, content=b"z" * (12 << 20))
+    assert "disk" in failure(too_big, 507)["message"]
+    assert os.listdir(cp.guest_file(sid, "/root")) == []  # no half-written upload left behind
     assert failure(client.post(f"/v1/sandboxes/{sid}/resize", json={"disk_mib": 4}), 400)
     grown = data(client.post(f"/v1/sandboxes/{sid}/resize", json={"disk_mib": 32}))
     assert grown == {"id": sid, "disk_mib": 32}

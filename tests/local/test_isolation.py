@@ -6,7 +6,7 @@ from __future__ import annotations
 import http.server
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,33 +144,26 @@ def test_background_processes_live_until_delete_and_freeze_with_pause(
     seen = sh(client, sid, "ps -eo args | grep -c '[b]g-ticker-4343'")["stdout"].strip()
     assert seen == "1"
     ticks = cp.guest_file(sid, "/workspace/ticks")
+
+    def wait_until(done: Callable[[], bool]) -> bool:
+        for _ in range(250):
+            if done():
+                return True
+            time.sleep(0.02)
+        return False
+
     before = ticks.stat().st_size
-    for _ in range(200):
-        if ticks.stat().st_size > before:
-            break
-        time.sleep(0.02)
-    assert ticks.stat().st_size > before, "the background process is not running"
+    assert wait_until(lambda: ticks.stat().st_size > before), "the background process is not running"
     data(client.post(f"/v1/sandboxes/{sid}/pause"))
-    for _ in range(200):
-        if data(client.get(f"/v1/sandboxes/{sid}"))["status"] == "paused":
-            break
-        time.sleep(0.02)
+    assert wait_until(lambda: data(client.get(f"/v1/sandboxes/{sid}"))["status"] == "paused")
     frozen = ticks.stat().st_size
     time.sleep(0.5)
     assert ticks.stat().st_size == frozen, "the background process ran while paused"
     assert _host_processes_with(b"bg-ticker-4343")  # frozen, not gone
     data(client.post(f"/v1/sandboxes/{sid}/resume"))
-    for _ in range(200):
-        if ticks.stat().st_size > frozen:
-            break
-        time.sleep(0.02)
-    assert ticks.stat().st_size > frozen, "the background process did not resume"
+    assert wait_until(lambda: ticks.stat().st_size > frozen), "the background process did not resume"
     data(client.delete(f"/v1/sandboxes/{sid}"))
-    for _ in range(250):
-        if not _host_processes_with(b"bg-ticker-4343"):
-            break
-        time.sleep(0.02)
-    assert _host_processes_with(b"bg-ticker-4343") == []
+    assert wait_until(lambda: not _host_processes_with(b"bg-ticker-4343")), "it outlived its guest"
 
 
 def _tiny_rootfs(root: Path) -> None:
