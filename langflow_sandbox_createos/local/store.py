@@ -76,6 +76,7 @@ class Sandbox:
     last_activity: float = field(default_factory=time.monotonic)
     processes: set[GuestProcess] = field(default_factory=set)
     transition: asyncio.Task[None] | None = None
+    mounting: bool = False  # its disk and root are being made (off the event loop)
 
     @property
     def terminal(self) -> bool:
@@ -177,21 +178,16 @@ class Store:
         envs: dict[str, str],
         copy_from: Sandbox | None = None,
     ) -> Sandbox:
-        """A new sandbox with its disk and root mounted (a copy of ``copy_from``'s for a fork)."""
+        """A new sandbox with its disk and root mounted (a copy of ``copy_from``'s for a fork).
+        The row is listed (``creating``) before the mounts, so its name is taken meanwhile."""
         sandbox_id = f"sb-{new_ulid().lower()}"
-        layout = GuestLayout(self.sandboxes_dir / sandbox_id)
-        source = copy_from.layout if copy_from is not None else None
-        try:
-            await asyncio.to_thread(layout.create, image, disk_mib, self.isolation, source)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            raise ApiError(500, f"could not create the guest's disk: {exc}") from exc
         sb = Sandbox(
             id=sandbox_id,
             name=name,
             shape=shape,
             rootfs=rootfs,
             image=image,
-            layout=layout,
+            layout=GuestLayout(self.sandboxes_dir / sandbox_id),
             cgroups=self.cgroups.create(sandbox_id, shape.mem_mib),
             ip=self._next_ip(),
             disk_mib=disk_mib,
@@ -199,6 +195,18 @@ class Store:
             envs=envs,
         )
         self.rows[sandbox_id] = sb
+        source = copy_from.layout if copy_from is not None else None
+        sb.mounting = True
+        try:
+            await asyncio.to_thread(sb.layout.create, image, disk_mib, self.isolation, source)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            sb.status = "failed"
+            sb.cgroups.remove()
+            raise ApiError(500, f"could not create the guest's disk: {exc}") from exc
+        finally:
+            sb.mounting = False
+        if sb.terminal or sb.status == "destroying":  # deleted while its disk was being made
+            await asyncio.to_thread(sb.layout.remove)
         return sb
 
     def mark_running(self, sb: Sandbox, started: float) -> None:
@@ -318,7 +326,8 @@ class Store:
     def _release(sb: Sandbox) -> None:
         """Free the cgroups and remove the files (blocking: run it off the event loop)."""
         sb.cgroups.remove()
-        sb.layout.remove()
+        if not sb.mounting:  # else new_row removes them once the mounts are done
+            sb.layout.remove()
 
     @staticmethod
     def _finish(sb: Sandbox) -> None:
