@@ -63,6 +63,25 @@ class Plane:
         self.faults = FaultSet()
         self.counters = Counters()
         self._auto_pause: asyncio.Task[None] | None = None
+        self._boots: set[asyncio.Task[None]] = set()
+
+    def boot(self, sb: Sandbox) -> None:
+        """Start the guest's PID 1 now, off the request, so the first exec finds it running
+        (the exec waits for it if it is still starting, and starts it if this failed)."""
+        if not self.config.isolation:
+            return
+
+        async def start() -> None:
+            try:
+                await self.runner.ensure_init(sb.layout, sb.name or sb.id, sb.cgroups, sb.shape.mem_mib)
+            except Exception:  # the first exec tries again and reports why
+                log.debug("early start of %s's PID 1 failed", sb.id, exc_info=True)
+            if sb.terminal or sb.status == "destroying":
+                sb.layout.kill_init()
+
+        task = asyncio.create_task(start())
+        self._boots.add(task)
+        task.add_done_callback(self._boots.discard)
 
     def transition_delay(self) -> float:
         return self.config.transition_delay_ms / 1000
@@ -346,6 +365,7 @@ def build_app(plane: Plane) -> ASGIApp:
         sb.auto_pause_after_seconds = auto_pause
         sb.ssh_pubkeys = ssh_pubkeys
         sb.ingress_enabled = ingress
+        plane.boot(sb)
         delay_ms = plane.config.boot_delay_ms + plane.faults.boot_delay_ms
         if delay_ms:
             await asyncio.sleep(delay_ms / 1000)

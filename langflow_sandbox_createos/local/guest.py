@@ -1,15 +1,16 @@
 """Guest processes: every exec runs ``cmd`` + ``args`` inside bubblewrap namespaces.
 
-Each exec gets fresh user, PID, mount, UTS, IPC and (unless egress is allow-all) network
-namespaces. The guest sees the rootfs read-only at ``/``, its sandbox's private
-``workspace/`` and ``tmp/`` at ``/workspace`` and ``/tmp``, and an empty tmpfs over the
-server's state directory, so it can reach neither other guests nor server state. When the
-exec's main process exits, bwrap's PID-1 reaper exits and the kernel kills whatever the
-command left running: nothing outlives an exec (documented difference from a microVM).
+A guest's root is its own (``GuestLayout``: an overlay of its image on a tmpfs disk, mounted
+by the server in its private mount namespace). The first exec starts the guest's PID 1 (bwrap's
+reaper, whose child sleeps); every exec joins its user and PID namespaces, so what it leaves
+running in the background lives on until pause freezes it or delete kills PID 1 and with it
+the namespace. Each exec gets its own mount, UTS and IPC namespaces (and, unless egress is
+allow-all, network namespace), runs as uid 1000 with no capability, and maps to the host's
+unprivileged ``nobody``: ``setpriv`` drops root before bwrap runs.
 
 The launcher is a tiny ``/bin/sh`` script that joins the sandbox's cgroups (or sets
-``ulimit -v`` when cgroups are not writable) and then ``exec``s bwrap, so every guest
-process is accounted from its first instruction.
+``ulimit -v`` when cgroups are not writable) and then ``exec``s setpriv and bwrap, so every
+guest process is accounted from its first instruction.
 """
 
 from __future__ import annotations
@@ -257,15 +258,10 @@ class GuestRunner:
         path_env = req.env.get("PATH") or req.image.path
         env = {"PATH": path_env, **req.env}
         self.check_command(req, path_env)
-        launcher_env = {
-            "PATH": SYSTEM_PATH,
-            "CREATEOS_LOCAL_CGROUPS": " ".join(req.cgroups.procs_files()),
-        }
-        if self.memory_mode == "rlimit":
-            launcher_env["CREATEOS_LOCAL_AS_KB"] = str(max(req.mem_mib, RLIMIT_FLOOR_MIB) * 1024)
+        launcher_env = self._launcher_env(req.cgroups, req.mem_mib)
         pass_fds: tuple[int, ...] = ()
         if self.isolation:
-            init = await self.ensure_init(req, launcher_env)
+            init = await self.ensure_init(req.layout, req.hostname, req.cgroups, req.mem_mib)
             ns_fds = init.namespace_fds() if init is not None else None
             pass_fds = ns_fds or ()
             argv = self._bwrap_argv(req, env, ns_fds)
@@ -304,12 +300,19 @@ class GuestRunner:
             proc.kill()
 
     # -- the guest's PID 1 ----------------------------------------------------------------
-    async def ensure_init(self, req: ExecRequest, launcher_env: dict[str, str]) -> GuestInit | None:
+    def _launcher_env(self, cgroups: SandboxCgroups, mem_mib: int) -> dict[str, str]:
+        env = {"PATH": SYSTEM_PATH, "CREATEOS_LOCAL_CGROUPS": " ".join(cgroups.procs_files())}
+        if self.memory_mode == "rlimit":
+            env["CREATEOS_LOCAL_AS_KB"] = str(max(mem_mib, RLIMIT_FLOOR_MIB) * 1024)
+        return env
+
+    async def ensure_init(
+        self, layout: GuestLayout, hostname: str, cgroups: SandboxCgroups, mem_mib: int
+    ) -> GuestInit | None:
         """The guest's init, started on first use: a bwrap sandbox running the image's
         ``sleep infinity`` as PID 1's only child. Every exec joins its user and PID
         namespaces, so what an exec leaves running in the background lives on (frozen with
         the guest's cgroup on pause) until delete kills the init and with it the namespace."""
-        layout = req.layout
         async with layout.init_lock:
             if layout.init is not None and layout.init.alive:
                 return layout.init
@@ -319,7 +322,7 @@ class GuestRunner:
                 return None
             assert self.bwrap is not None and self.setpriv is not None
             # bwrap reads its arguments from a pipe (--args), so the guest's PID 1 shows no host path
-            bwrap_args = ["--unshare-all", "--die-with-parent", "--hostname", req.hostname]
+            bwrap_args = ["--unshare-all", "--die-with-parent", "--hostname", hostname]
             bwrap_args += ["--uid", str(GUEST_UID), "--gid", str(GUEST_GID), "--bind", str(layout.fs), "/"]
             bwrap_args += ["--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--clearenv"]
             args_r, args_w = os.pipe()
@@ -341,7 +344,7 @@ class GuestRunner:
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.PIPE,
-                    env=launcher_env,
+                    env=self._launcher_env(cgroups, mem_mib),
                     cwd="/",
                     start_new_session=True,
                     pass_fds=(info_w, args_r),

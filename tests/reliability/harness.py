@@ -171,6 +171,9 @@ def capture_all_logs(keep_level: int = logging.DEBUG) -> Iterator[LogCapture]:
 
 # --- lanes ------------------------------------------------------------------------------------
 
+# The executor's guests use createos-local's lfx template (devbox:1 is a plain image).
+TEMPLATE_ENV = {"CREATEOS_EXECUTOR_ROOTFS": TEMPLATE_NAME}
+
 
 @dataclass
 class Lane:
@@ -186,7 +189,7 @@ class Lane:
             "LANGFLOW_SANDBOX_TIMEOUT_SECONDS": "30",
             "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS": "15",
             "CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "180",
-            "CREATEOS_EXECUTOR_ROOTFS": TEMPLATE_NAME,
+            **TEMPLATE_ENV,
         }
         env.update(overrides)
         return {k: v for k, v in env.items() if v is not None}
