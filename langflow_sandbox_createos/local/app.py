@@ -31,6 +31,7 @@ from .faults import FaultMiddleware, FaultSet
 from .files import FileDescriptorResponse, normalise, open_for_read, open_upload
 from .guest import ExecRequest, GuestRunner, isolation_probe
 from .images import HOST_GUEST_GID, HOST_GUEST_UID, Image, build_images
+from .mounts import umount
 from .stats import Counters, StatsMiddleware
 from .store import Sandbox, Store, generated_name
 
@@ -97,7 +98,7 @@ class Plane:
 
     async def start(self) -> None:
         self.images, notes = await asyncio.to_thread(
-            build_images, self.state_dir / "images", self.config.rootfs
+            build_images, self.state_dir / "images", self.config.rootfs, self.config.isolation
         )
         for note in notes:
             log.warning("%s", note)
@@ -109,6 +110,9 @@ class Plane:
         self.runner.kill_all()
         await self.store.shutdown()
         await asyncio.to_thread(self.cgroups.close)
+        if self.config.isolation:  # the images' tmpfs, now that no guest root uses it
+            with contextlib.suppress(OSError):
+                umount(self.state_dir / "images")
 
     async def _auto_pause_loop(self) -> None:
         unit = self.config.auto_pause_unit_ms / 1000

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import DEFAULT_ROOTFS
+from .mounts import MS_NODEV, MS_NOSUID, mount
 
 TEMPLATE_NAME = "langflow-lfx"
 TEMPLATE_ID = "tpl_" + hashlib.sha256(TEMPLATE_NAME.encode()).hexdigest()[:26]
@@ -149,10 +150,16 @@ def _template_layer(layer: Path, version: str) -> Path:
     return venv / "lib" / f"python{version}" / "site-packages"
 
 
-def build_images(images_dir: Path, extra: dict[str, Path]) -> tuple[dict[str, Image], list[str]]:
-    """Lay out every image's layers under ``images_dir``; returns the images by name (and
-    template id) and notes on what could not be offered."""
+def build_images(
+    images_dir: Path, extra: dict[str, Path], in_memory: bool
+) -> tuple[dict[str, Image], list[str]]:
+    """Lay out every image's layers under ``images_dir`` (on a tmpfs of this process's mount
+    namespace when ``in_memory``: ~700 small files and symlinks, which a busy disk makes
+    slow); returns the images by name (and template id) and notes on what could not be offered."""
     shutil.rmtree(images_dir, ignore_errors=True)
+    images_dir.mkdir(parents=True)
+    if in_memory:
+        mount("tmpfs", images_dir, "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=0755")
     layers = {name: images_dir / name for name in ("mountpoints", "devbox", "usr", "lfx")}
     for path in layers.values():
         path.mkdir(parents=True)
