@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from langflow_sandbox_createos.local.images import TEMPLATE_NAME  # noqa: E402
 from langflow_sandbox_createos.local.testing import LocalControlPlane  # noqa: E402
 
 PEER_VERSION = "0.2.0"
@@ -140,6 +141,7 @@ def worker_env(cp: LocalControlPlane) -> dict[str, str]:
             "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": "true",
             "LANGFLOW_SANDBOX_TIMEOUT_SECONDS": "30",
             "CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "120",
+            "CREATEOS_EXECUTOR_ROOTFS": TEMPLATE_NAME,  # devbox:1 has no lfx
             "CREATEOS_SANDBOX_WARM_POOL": "0",
             "LANGFLOW_DO_NOT_TRACK": "true",
             "DO_NOT_TRACK": "true",

@@ -5,7 +5,8 @@ set -euo pipefail
 packages=(
   build-essential pkg-config
   libcurl4-openssl-dev libjansson-dev   # the native client's libraries
-  bubblewrap                            # namespaces for createos-local guests
+  bubblewrap util-linux                 # namespaces for createos-local guests (bwrap, setpriv)
+  python3 python3-pip procps            # what createos-local's devbox:1 image offers its guests
   clang libclang-rt-14-dev              # libFuzzer harnesses (make fuzz)
   ca-certificates
   chromium                              # headless browser check of the canvas (tests/e2e)

@@ -101,6 +101,9 @@ else
   CREATEOS_SANDBOX_BASE_URL="http://127.0.0.1:$(cat "$RUN_DIR/createos-local.port")"
   CREATEOS_SANDBOX_API_KEY=$LOCAL_API_KEY
   unset CREATEOS_API_KEY
+  # devbox:1 is a plain image (no lfx); the flow executor's guests use the lfx template, as a
+  # CreateOS deployment uses a template built with Langflow installed
+  export CREATEOS_EXECUTOR_ROOTFS=${CREATEOS_EXECUTOR_ROOTFS:-langflow-lfx}
   say "createos-local (offline control plane, guests in bubblewrap) on $CREATEOS_SANDBOX_BASE_URL, log $RUN_DIR/createos-local.log"
 fi
 export CREATEOS_SANDBOX_API_KEY CREATEOS_SANDBOX_BASE_URL

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 # Sandboxes whose names start with this are deliberately kept between tests (reused guests).
@@ -35,7 +36,10 @@ def cp(control_plane: LocalControlPlane) -> Iterator[LocalControlPlane]:
 
 @pytest.fixture
 def createos_env(monkeypatch: pytest.MonkeyPatch, control_plane: LocalControlPlane) -> LocalControlPlane:
-    """Point the plugin at the local control plane through its environment variables."""
+    """Point the plugin at the local control plane through its environment variables; the
+    executor's guests use createos-local's lfx template, as a deployment uses its template
+    (``devbox:1`` is a plain image without lfx)."""
     monkeypatch.setenv("CREATEOS_SANDBOX_API_KEY", control_plane.api_key)
     monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", control_plane.url)
+    monkeypatch.setenv("CREATEOS_EXECUTOR_ROOTFS", TEMPLATE_NAME)
     return control_plane

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shutil
 import sys
@@ -21,6 +22,11 @@ def _rootfs(value: str) -> tuple[str, Path]:
     if not directory.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is not a directory")
     return name, directory
+
+
+def searchable_by_others(directory: Path) -> bool:
+    """Whether an unprivileged user can walk down to ``directory`` (every step o+x)."""
+    return all(d.stat().st_mode & 0o001 for d in (directory, *directory.parents))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -137,11 +143,40 @@ def main(argv: Sequence[str] | None = None) -> None:
     if problem:
         print(f"createos-local: cannot isolate guests: {problem}", file=sys.stderr)
         raise SystemExit(2)
+    if config.isolation:
+        from .mounts import private_mount_namespace
+
+        if owned_state:
+            state_dir.chmod(0o711)
+
+        # every guest disk and root is a mount of this namespace: none reaches the host's
+        # mount table, and all of them go away with this process, even on SIGKILL
+        private_mount_namespace()
     # sandboxes are not persisted: leftovers of a previous run are garbage
     shutil.rmtree(config.state_dir / "sandboxes", ignore_errors=True)
+    guests_link: Path | None = None
+    if config.isolation and not searchable_by_others(config.state_dir):
+        # guests run as an unprivileged host user whose bwrap opens its root by path: when a
+        # directory above the state dir is private (e.g. under /root), the sandboxes are also
+        # mounted (in this process's namespace only) on a searchable directory of their own
+        from .mounts import MS_BIND, mount
+
+        sandboxes = config.state_dir / "sandboxes"
+        sandboxes.mkdir(mode=0o711)
+        guests_link = Path(tempfile.mkdtemp(prefix="createos-local-guests-"))
+        guests_link.chmod(0o711)
+        mount(sandboxes, guests_link, None, MS_BIND)
+        config.guests_dir = guests_link
     try:
         serve(config)
     finally:
+        if guests_link is not None:
+            from .mounts import umount
+
+            with contextlib.suppress(OSError):
+                umount(guests_link)
+            with contextlib.suppress(OSError):
+                guests_link.rmdir()
         if owned_state:
             shutil.rmtree(state_dir, ignore_errors=True)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hmac
 import json
 import logging
@@ -12,13 +13,12 @@ import re
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, Response
+from starlette.responses import Response
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Scope
 
@@ -28,8 +28,10 @@ from .config import ServerConfig
 from .envelope import ApiError, bad_request, error, fail, success
 from .execution import ExecStreamResponse, run_buffered
 from .faults import FaultMiddleware, FaultSet
-from .files import host_path_for_read, host_path_for_write, normalise, open_upload
+from .files import FileDescriptorResponse, normalise, open_for_read, open_upload
 from .guest import ExecRequest, GuestRunner, isolation_probe
+from .images import HOST_GUEST_GID, HOST_GUEST_UID, Image, build_images
+from .mounts import umount
 from .stats import Counters, StatsMiddleware
 from .store import Sandbox, Store, generated_name
 
@@ -48,16 +50,39 @@ class Plane:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.state_dir = config.state_dir.resolve()
-        self.rootfs: dict[str, Path] = {DEFAULT_ROOTFS: Path("/"), **config.rootfs}
+        self.images: dict[str, Image] = {}
         self.cgroups = CgroupManager(enabled=config.memory_limits or config.isolation)
         self.memory_enforced: str | bool = False
         if config.memory_limits:
             self.memory_enforced = "cgroup" if self.cgroups.memory_parent is not None else "rlimit"
         self.runner = GuestRunner(self.state_dir, config.isolation, self.memory_enforced)
-        self.store = Store(self.state_dir, self.cgroups, self.transition_delay, config.unique_names)
+        self.store = Store(
+            self.state_dir, self.cgroups, self.transition_delay, config.unique_names, config.isolation
+        )
+        if config.guests_dir is not None:
+            self.store.sandboxes_dir = config.guests_dir
         self.faults = FaultSet()
         self.counters = Counters()
         self._auto_pause: asyncio.Task[None] | None = None
+        self._boots: set[asyncio.Task[None]] = set()
+
+    def boot(self, sb: Sandbox) -> None:
+        """Start the guest's PID 1 now, off the request, so the first exec finds it running
+        (the exec waits for it if it is still starting, and starts it if this failed)."""
+        if not self.config.isolation:
+            return
+
+        async def start() -> None:
+            try:
+                await self.runner.ensure_init(sb.layout, sb.name or sb.id, sb.cgroups, sb.shape.mem_mib)
+            except Exception:  # the first exec tries again and reports why
+                log.debug("early start of %s's PID 1 failed", sb.id, exc_info=True)
+            if sb.terminal or sb.status == "destroying":
+                sb.layout.kill_init()
+
+        task = asyncio.create_task(start())
+        self._boots.add(task)
+        task.add_done_callback(self._boots.discard)
 
     def transition_delay(self) -> float:
         return self.config.transition_delay_ms / 1000
@@ -72,6 +97,11 @@ class Plane:
             raise ApiError(401, "invalid api key" if key else "missing api key", "unauthorized")
 
     async def start(self) -> None:
+        self.images, notes = await asyncio.to_thread(
+            build_images, self.state_dir / "images", self.config.rootfs, self.config.isolation
+        )
+        for note in notes:
+            log.warning("%s", note)
         self._auto_pause = asyncio.create_task(self._auto_pause_loop())
 
     async def stop(self) -> None:
@@ -80,6 +110,9 @@ class Plane:
         self.runner.kill_all()
         await self.store.shutdown()
         await asyncio.to_thread(self.cgroups.close)
+        if self.config.isolation:  # the images' tmpfs, now that no guest root uses it
+            with contextlib.suppress(OSError):
+                umount(self.state_dir / "images")
 
     async def _auto_pause_loop(self) -> None:
         unit = self.config.auto_pause_unit_ms / 1000
@@ -239,16 +272,39 @@ def build_app(plane: Plane) -> ASGIApp:
     async def shapes(request: Request) -> Response:
         return success(_paginated([s.as_json() for s in SHAPES.values()], request))
 
+    def catalog() -> dict[str, Image]:
+        return {name: image for name, image in plane.images.items() if image.template_id is None}
+
+    def templates() -> list[Image]:
+        return [image for name, image in plane.images.items() if name == image.template_id]
+
     async def rootfs(request: Request) -> Response:
-        entries: list[dict[str, Any]] = [
-            {
-                "name": name,
-                "description": "host Python environment" if p == Path("/") else f"directory {p}",
-                "deprecated": False,
-            }
-            for name, p in plane.rootfs.items()
+        images = catalog()
+        entries = [{"name": n, "description": i.description, "deprecated": False} for n, i in images.items()]
+        return success({"rootfs": list(images), "default": DEFAULT_ROOTFS, "entries": entries})
+
+    async def templates_list(request: Request) -> Response:
+        plane.authorize(request)
+        rows = [
+            {"id": i.template_id, "name": i.name, "base": DEFAULT_ROOTFS, "status": "ready"}
+            for i in templates()
         ]
-        return success({"rootfs": list(plane.rootfs), "default": DEFAULT_ROOTFS, "entries": entries})
+        return success(_paginated(rows, request))
+
+    async def resize(request: Request) -> Response:
+        plane.authorize(request)
+        sb = sandbox(request)
+        body = await json_object(request)
+        disk_mib = _typed(body, "disk_mib", int, "an integer")
+        if disk_mib is None:
+            raise bad_request("disk_mib is required", "disk_mib")
+        if disk_mib < sb.disk_mib:
+            raise bad_request(f"disk_mib can only grow (now {sb.disk_mib})", "disk_mib")
+        if sb.terminal or sb.status == "destroying":
+            raise ApiError(409, f"sandbox is {sb.status}", "invalid_state")
+        await asyncio.to_thread(sb.layout.resize, disk_mib)
+        sb.disk_mib = disk_mib
+        return success({"id": sb.id, "disk_mib": disk_mib})
 
     async def create(request: Request) -> Response:
         plane.authorize(request)
@@ -262,7 +318,7 @@ def build_app(plane: Plane) -> ASGIApp:
                 f"unknown shape {shape_id!r}; GET /v1/shapes lists them", "shape", "unknown_shape"
             )
         rootfs_name = _typed(body, "rootfs", str, "a rootfs name") or DEFAULT_ROOTFS
-        if rootfs_name not in plane.rootfs:
+        if rootfs_name not in plane.images:
             raise bad_request(
                 f"unknown rootfs {rootfs_name!r}; GET /v1/rootfs lists them", "rootfs", "unknown_rootfs"
             )
@@ -301,11 +357,11 @@ def build_app(plane: Plane) -> ASGIApp:
         elif store.name_taken(name):
             raise ApiError(409, f"a sandbox named {name!r} already exists", "name_conflict", "name")
         started = time.monotonic()
-        sb = store.new_row(
+        sb = await store.new_row(
             name=name,
             shape=shape,
             rootfs=rootfs_name,
-            rootfs_path=plane.rootfs[rootfs_name],
+            image=plane.images[rootfs_name],
             disk_mib=disk_mib or DEFAULT_DISK_MIB,
             egress=egress or [],
             envs=envs,
@@ -313,6 +369,7 @@ def build_app(plane: Plane) -> ASGIApp:
         sb.auto_pause_after_seconds = auto_pause
         sb.ssh_pubkeys = ssh_pubkeys
         sb.ingress_enabled = ingress
+        plane.boot(sb)
         delay_ms = plane.config.boot_delay_ms + plane.faults.boot_delay_ms
         if delay_ms:
             await asyncio.sleep(delay_ms / 1000)
@@ -394,23 +451,21 @@ def build_app(plane: Plane) -> ASGIApp:
         envs = _envs(body, "envs")
         while name is None or store.name_taken(name):
             name = generated_name()
-        child = store.new_row(
+        child = await store.new_row(
             name=name,
             shape=source.shape,
             rootfs=source.rootfs,
-            rootfs_path=source.rootfs_path,
+            image=source.image,
             disk_mib=source.disk_mib,
             egress=list(source.egress) if egress is None else egress,
             envs=dict(source.envs) if envs is None else envs,
+            copy_from=source,
         )
         child.forked_from = source.id
         child.auto_pause_after_seconds = source.auto_pause_after_seconds
         child.ssh_pubkeys = _string_list(body, "ssh_pubkeys") or list(source.ssh_pubkeys)
         ingress = _typed(body, "ingress_enabled", bool, "a boolean")
         child.ingress_enabled = source.ingress_enabled if ingress is None else ingress
-        for part in ("workspace", "tmp"):
-            src, dst = source.layout.root / part, child.layout.root / part
-            await asyncio.to_thread(shutil.copytree, src, dst, symlinks=True, dirs_exist_ok=True)
         store.start_fork_child(child, bool(_typed(body, "start_paused", bool, "a boolean")))
         return success(child.view())
 
@@ -440,23 +495,25 @@ def build_app(plane: Plane) -> ASGIApp:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > cap:
             raise ApiError(413, f"file exceeds the {cap}-byte upload limit", "file_too_large")
-        target = host_path_for_write(sb.layout, guest_path)
-        fd, tmp = open_upload(target)
+        owner = (HOST_GUEST_UID, HOST_GUEST_GID) if plane.config.isolation else None
+        upload = open_upload(sb.layout.fs, guest_path, owner)
         size = 0
         try:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > cap:
                     raise ApiError(413, f"file exceeds the {cap}-byte upload limit", "file_too_large")
-                os.write(fd, chunk)
-            os.close(fd)
-            fd = -1
-            os.replace(tmp, target)
+                try:
+                    os.write(upload.fd, chunk)
+                except OSError as exc:
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise ApiError(
+                            507, f"the sandbox's disk ({sb.disk_mib} MiB) is full; resize it", "disk_full"
+                        ) from exc
+                    raise
+            upload.commit()
         finally:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            upload.close()
         return success({"path": guest_path, "size": size})
 
     async def files_get(request: Request) -> Response:
@@ -464,10 +521,8 @@ def build_app(plane: Plane) -> ASGIApp:
         sb = sandbox(request)
         guest_path = normalise(request.query_params.get("path"))
         store.require_running(sb)
-        target = host_path_for_read(sb.layout, guest_path)
-        return FileResponse(
-            target, media_type="application/octet-stream", content_disposition_type="attachment"
-        )
+        fd, size = open_for_read(sb.layout.fs, guest_path)
+        return FileDescriptorResponse(fd, size)
 
     async def exec_(request: Request) -> Response:
         plane.authorize(request)
@@ -505,7 +560,7 @@ def build_app(plane: Plane) -> ASGIApp:
             sandbox_id=sb.id,
             hostname=sb.name or sb.id,
             layout=sb.layout,
-            rootfs=sb.rootfs_path,
+            image=sb.image,
             egress=list(sb.egress),
             env=guest_env,
             cmd=cmd,
@@ -570,6 +625,7 @@ def build_app(plane: Plane) -> ASGIApp:
         Route("/v1/whoami", whoami, methods=["GET"], name="whoami"),
         Route("/v1/shapes", shapes, methods=["GET"], name="shapes"),
         Route("/v1/rootfs", rootfs, methods=["GET"], name="rootfs"),
+        Route("/v1/templates", templates_list, methods=["GET"], name="templates"),
         Route("/v1/sandboxes", create, methods=["POST"], name="create"),
         Route("/v1/sandboxes", list_sandboxes, methods=["GET"], name="list"),
         Route(sb_path, get_sandbox, methods=["GET"], name="get"),
@@ -578,6 +634,7 @@ def build_app(plane: Plane) -> ASGIApp:
         Route(f"{sb_path}/pause", pause, methods=["POST"], name="pause"),
         Route(f"{sb_path}/resume", resume, methods=["POST"], name="resume"),
         Route(f"{sb_path}/fork", fork, methods=["POST"], name="fork"),
+        Route(f"{sb_path}/resize", resize, methods=["POST"], name="resize"),
         Route(f"{sb_path}/egress", egress_get, methods=["GET"], name="egress_get"),
         Route(f"{sb_path}/egress", egress_put, methods=["PUT"], name="egress_put"),
         Route(f"{sb_path}/files", files_put, methods=["PUT"], name="files_put"),

@@ -32,3 +32,5 @@ class ServerConfig:
     tls_key: Path | None = None
     http2: bool = False  # hypercorn, HTTP/2 over TLS (ALPN); needs tls_cert
     log_level: str = "warning"
+    # where the guests' roots are reached when the state dir is not searchable by the guest user
+    guests_dir: Path | None = None

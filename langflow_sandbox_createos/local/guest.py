@@ -1,38 +1,43 @@
 """Guest processes: every exec runs ``cmd`` + ``args`` inside bubblewrap namespaces.
 
-Each exec gets fresh user, PID, mount, UTS, IPC and (unless egress is allow-all) network
-namespaces. The guest sees the rootfs read-only at ``/``, its sandbox's private
-``workspace/`` and ``tmp/`` at ``/workspace`` and ``/tmp``, and an empty tmpfs over the
-server's state directory, so it can reach neither other guests nor server state. When the
-exec's main process exits, bwrap's PID-1 reaper exits and the kernel kills whatever the
-command left running: nothing outlives an exec (documented difference from a microVM).
+A guest's root is its own (``GuestLayout``: an overlay of its image on a tmpfs disk, mounted
+by the server in its private mount namespace). The first exec starts the guest's PID 1 (bwrap's
+reaper, whose child sleeps); every exec joins its user and PID namespaces, so what it leaves
+running in the background lives on until pause freezes it or delete kills PID 1 and with it
+the namespace. Each exec gets its own mount, UTS and IPC namespaces (and, unless egress is
+allow-all, network namespace), runs as uid 1000 with no capability, and maps to the host's
+unprivileged ``nobody``: ``setpriv`` drops root before bwrap runs.
 
 The launcher is a tiny ``/bin/sh`` script that joins the sandbox's cgroups (or sets
-``ulimit -v`` when cgroups are not writable) and then ``exec``s bwrap, so every guest
-process is accounted from its first instruction.
+``ulimit -v`` when cgroups are not writable) and then ``exec``s setpriv and bwrap, so every
+guest process is accounted from its first instruction.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import json
 import os
 import posixpath
 import shutil
 import signal
+import struct
 import subprocess
-import sys
-from dataclasses import dataclass
+import termios
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import mounts
 from .cgroups import SandboxCgroups
+from .images import GUEST_GID, GUEST_UID, HOST_GUEST_GID, HOST_GUEST_UID, SYSTEM_PATH, Image
 
 CHUNK_BYTES = 64 * 1024
+NS_GET_PARENT = 0xB702  # ioctl_ns(2): the user namespace that owns this one
 # RLIMIT_AS counts address space, not memory: CPython and its threads reserve far more than
 # they touch, so the fallback limit never goes below this floor (documented).
 RLIMIT_FLOOR_MIB = 1024
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-GUEST_MOUNTS = ("/workspace", "/tmp")
 
 LAUNCHER = (
     'for f in $CREATEOS_LOCAL_CGROUPS; do echo $$ > "$f" || exit 125; done; '
@@ -47,11 +52,18 @@ def egress_allows_all(egress: list[str] | None) -> bool:
 
 
 def isolation_probe(bwrap: str | None) -> str | None:
-    """Return None when bwrap can build the namespaces we need, else the reason it cannot."""
+    """Return None when guests can be built here (root for the per-guest mounts, bwrap able to
+    make every namespace as the unprivileged guest user), else the reason they cannot."""
     if bwrap is None:
         return "bubblewrap (bwrap) is not installed; apt-get install bubblewrap"
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc"]
-    argv += ["--dev", "/dev", "--", "/bin/true"]
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return "setpriv is not installed; apt-get install util-linux"
+    if os.geteuid() != 0:
+        return "guest roots are overlay and tmpfs mounts, which need root"
+    argv = [setpriv, f"--reuid={HOST_GUEST_UID}", f"--regid={HOST_GUEST_GID}", "--clear-groups", "--"]
+    argv += [bwrap, "--unshare-all", "--die-with-parent", "--uid", str(GUEST_UID), "--ro-bind", "/", "/"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--", "/bin/true"]
     try:
         done = subprocess.run(argv, capture_output=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -63,30 +75,102 @@ def isolation_probe(bwrap: str | None) -> str | None:
 
 @dataclass
 class GuestLayout:
-    """Where one sandbox lives on the host."""
+    """Where one sandbox lives on the host: ``disk/`` (a tmpfs of ``disk_mib``, the guest's
+    disk) holds the overlay's upper layers, ``fs/`` is the guest's root (the overlay of the
+    image's layers and ``disk/``). Without isolation ``fs/`` is a plain directory."""
 
     root: Path  # <state>/sandboxes/<id>
+    mounted: list[Path] = field(default_factory=list)
+    init: GuestInit | None = None  # the guest's long-lived PID 1 (started at the first exec)
+    init_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def disk(self) -> Path:
+        return self.root / "disk"
+
+    @property
+    def fs(self) -> Path:
+        return self.root / "fs"
 
     @property
     def workspace(self) -> Path:
-        return self.root / "workspace"
+        return self.fs / "workspace"
 
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
+    def create(self, image: Image, disk_mib: int, isolation: bool, copy_from: GuestLayout | None) -> None:
+        """Mount the sandbox's disk and root (its upper layers copied from ``copy_from``, a
+        paused sandbox, for a fork). Blocking: run it off the event loop."""
+        self.disk.mkdir(parents=True)
+        self.fs.mkdir()
+        if not isolation:
+            if copy_from is not None:
+                shutil.copytree(copy_from.fs, self.fs, symlinks=True, dirs_exist_ok=True)
+            for name in ("workspace", "tmp"):
+                (self.fs / name).mkdir(exist_ok=True)
+            (self.fs / "tmp").chmod(0o1777)
+            return
+        try:
+            self._mount(image, disk_mib, copy_from)
+        except BaseException:
+            self.remove()
+            raise
 
-    def create(self) -> None:
-        self.workspace.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(exist_ok=True)
-        self.tmp.chmod(0o1777)
+    def _mount(self, image: Image, disk_mib: int, copy_from: GuestLayout | None) -> None:
+        mounts.mount(
+            "tmpfs", self.disk, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, f"size={disk_mib}m,mode=0700"
+        )
+        self.mounted.append(self.disk)
+        layers = [("upper", "work", self.fs, image.lowers)]
+        if image.usr_lowers:
+            layers.append(("usr-upper", "usr-work", self.fs / "usr", image.usr_lowers))
+        for upper, work, _, _ in layers:
+            if copy_from is not None:
+                # cp -a keeps the overlay's whiteouts (0/0 devices) and trusted.* xattrs
+                subprocess.run(
+                    ["cp", "-a", "--sparse=always", str(copy_from.disk / upper), str(self.disk / upper)],
+                    check=True,
+                    capture_output=True,
+                )
+            (self.disk / upper).mkdir(exist_ok=True)
+            (self.disk / work).mkdir()
+        for upper, work, target, lowers in layers:
+            lowerdir = ":".join(str(p) for p in lowers)
+            options = f"lowerdir={lowerdir},upperdir={self.disk / upper},workdir={self.disk / work}"
+            mounts.mount("overlay", target, "overlay", mounts.MS_NOSUID | mounts.MS_NODEV, options)
+            self.mounted.append(target)
+        for host, guest in image.binds:
+            target = self.fs / guest.lstrip("/")
+            mounts.mount(host, target, None, mounts.MS_BIND | mounts.MS_REC)
+            self.mounted.append(target)
+            flags = mounts.MS_REMOUNT | mounts.MS_BIND | mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV
+            mounts.mount(None, target, None, flags)
 
-    def mount_for(self, guest_path: str) -> tuple[Path, str] | None:
-        """Split a normalised absolute guest path into (host mount dir, path relative to it)."""
-        for mount in GUEST_MOUNTS:
-            if guest_path == mount or guest_path.startswith(mount + "/"):
-                host = self.workspace if mount == "/workspace" else self.tmp
-                return host, guest_path[len(mount) :].lstrip("/")
-        return None
+    def resize(self, disk_mib: int) -> None:
+        if self.disk in self.mounted:
+            mounts.mount(
+                None,
+                self.disk,
+                None,
+                mounts.MS_REMOUNT | mounts.MS_NOSUID | mounts.MS_NODEV,
+                f"size={disk_mib}m",
+            )
+
+    def kill_init(self) -> None:
+        """End the guest's PID 1: the kernel then kills every process of its PID namespace."""
+        if self.init is not None:
+            self.init.kill()
+            self.init = None
+
+    def remove(self) -> None:
+        """Unmount (innermost first) and delete everything. Blocking."""
+        failed = False
+        for target in reversed(self.mounted):
+            try:
+                mounts.umount(target)
+            except OSError:
+                failed = True
+        self.mounted.clear()
+        if not failed:  # never walk into a tree that may still show a host directory
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 @dataclass
@@ -94,7 +178,7 @@ class ExecRequest:
     sandbox_id: str
     hostname: str
     layout: GuestLayout
-    rootfs: Path
+    image: Image
     egress: list[str] | None
     env: dict[str, str]
     cmd: str
@@ -113,25 +197,18 @@ class GuestRunner:
         self.isolation = isolation
         self.memory_mode = memory_mode
         self.bwrap = shutil.which("bwrap")
-        self.python_bin = os.path.dirname(sys.executable)
+        self.setpriv = shutil.which("setpriv")
         self._procs: set[GuestProcess] = set()
-        self._root_cache: dict[Path, list[str]] = {}
 
     @property
     def live_processes(self) -> int:
         return sum(1 for p in self._procs if p.running)
 
-    def guest_path_env(self, rootfs: Path) -> str:
-        return f"{self.python_bin}:{SYSTEM_PATH}" if rootfs == Path("/") else SYSTEM_PATH
-
     # -- command resolution -------------------------------------------------------------
     def _host_view(self, req: ExecRequest, guest_path: str) -> Path:
-        mounted = req.layout.mount_for(guest_path)
-        if mounted is not None:
-            return mounted[0] / mounted[1]
-        if not self.isolation:
+        if not self.isolation and not guest_path.startswith(("/workspace/", "/tmp/")):
             return Path(guest_path)
-        return req.rootfs / guest_path.lstrip("/")
+        return req.layout.fs / guest_path.lstrip("/")
 
     def _executable(self, host_path: Path) -> bool:
         if host_path.is_symlink():  # may point inside the rootfs; let execve decide
@@ -142,8 +219,6 @@ class GuestRunner:
         cmd = req.cmd
         if "/" in cmd:
             guest = posixpath.normpath(cmd if cmd.startswith("/") else posixpath.join("/workspace", cmd))
-            if self.isolation and self._hidden(guest):
-                raise GuestStartError(f"fork/exec {cmd}: no such file or directory")
             if not self._executable(self._host_view(req, guest)):
                 raise GuestStartError(f"fork/exec {cmd}: no such file or directory")
             return
@@ -152,71 +227,44 @@ class GuestRunner:
                 return
         raise GuestStartError(f'exec: "{cmd}": executable file not found in $PATH')
 
-    def _hidden(self, guest_path: str) -> bool:
-        state = str(self.state_dir)
-        return guest_path == state or guest_path.startswith(state + "/")
-
     # -- argv ---------------------------------------------------------------------------
-    def _bwrap_argv(self, req: ExecRequest, env: dict[str, str]) -> list[str]:
-        assert self.bwrap is not None
-        argv = [self.bwrap, "--unshare-all"]
-        if egress_allows_all(req.egress):
-            argv.append("--share-net")
+    def _bwrap_argv(
+        self, req: ExecRequest, env: dict[str, str], ns_fds: tuple[int, int, int] | None
+    ) -> list[str]:
+        """bwrap as the unprivileged host user: the guest's root is its own overlay, it is
+        uid/gid 1000 in its user namespace and holds no capability."""
+        assert self.bwrap is not None and self.setpriv is not None
+        argv = [self.setpriv, f"--reuid={HOST_GUEST_UID}", f"--regid={HOST_GUEST_GID}", "--clear-groups"]
+        argv += ["--", self.bwrap]
+        if ns_fds is None:  # no init (an image without `sleep`): namespaces of its own
+            argv += ["--unshare-all", "--uid", str(GUEST_UID), "--gid", str(GUEST_GID)]
+            if egress_allows_all(req.egress):
+                argv.append("--share-net")
+        else:  # join the guest's user and PID namespaces: its processes outlive this exec
+            argv += ["--userns", str(ns_fds[0]), "--userns2", str(ns_fds[1]), "--pidns", str(ns_fds[2])]
+            argv += ["--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+            if not egress_allows_all(req.egress):
+                argv.append("--unshare-net")
         # no --new-session: the launcher already runs in a session without a terminal, and
         # keeping one process group lets SIGSTOP/SIGKILL of the group reach the command
         argv += ["--die-with-parent", "--hostname", req.hostname]
-        argv += self._root_binds(req.rootfs)
-        if req.rootfs == Path("/"):
-            argv += self._host_root_extras()
-        argv += ["--proc", "/proc", "--dev", "/dev"]
-        argv += ["--bind", str(req.layout.workspace), "/workspace", "--bind", str(req.layout.tmp), "/tmp"]
-        if req.rootfs == Path("/"):
-            # the interpreter must stay reachable even when it lives under a path we mount over
-            for prefix in sorted({sys.prefix, sys.base_prefix}):
-                if any(prefix == m or prefix.startswith(m + "/") for m in GUEST_MOUNTS):
-                    argv += ["--ro-bind", prefix, prefix]
+        argv += ["--bind", str(req.layout.fs), "/", "--proc", "/proc", "--dev", "/dev"]
         argv += ["--chdir", "/workspace", "--clearenv"]
         for key, value in env.items():
             argv += ["--setenv", key, value]
         return [*argv, "--", req.cmd, *req.args]
 
-    def _root_binds(self, rootfs: Path) -> list[str]:
-        """The rootfs's top-level entries, read-only, on bwrap's tmpfs root (so that
-        /workspace and /tmp can be created as mount points)."""
-        cached = self._root_cache.get(rootfs)
-        if cached is not None:
-            return cached
-        argv: list[str] = []
-        for entry in sorted(os.scandir(rootfs), key=lambda e: e.name):
-            guest = "/" + entry.name
-            if guest in (*GUEST_MOUNTS, "/proc", "/dev"):
-                continue
-            if entry.is_symlink():
-                argv += ["--symlink", os.readlink(entry.path), guest]
-            else:
-                argv += ["--ro-bind", entry.path, guest]
-        self._root_cache[rootfs] = argv
-        return argv
-
-    def _host_root_extras(self) -> list[str]:
-        """Hide the server's state dir (and so every other guest) from a guest that sees the host /."""
-        state = str(self.state_dir)
-        if any(state == m or state.startswith(m + "/") for m in GUEST_MOUNTS):
-            return []  # already shadowed by the guest's own /workspace or /tmp
-        return ["--tmpfs", state]
-
     async def start(self, req: ExecRequest, stdin: bytes | None) -> GuestProcess:
-        path_env = req.env.get("PATH") or self.guest_path_env(req.rootfs)
+        path_env = req.env.get("PATH") or req.image.path
         env = {"PATH": path_env, **req.env}
         self.check_command(req, path_env)
-        launcher_env = {
-            "PATH": SYSTEM_PATH,
-            "CREATEOS_LOCAL_CGROUPS": " ".join(req.cgroups.procs_files()),
-        }
-        if self.memory_mode == "rlimit":
-            launcher_env["CREATEOS_LOCAL_AS_KB"] = str(max(req.mem_mib, RLIMIT_FLOOR_MIB) * 1024)
+        launcher_env = self._launcher_env(req.cgroups, req.mem_mib)
+        pass_fds: tuple[int, ...] = ()
         if self.isolation:
-            argv = self._bwrap_argv(req, env)
+            init = await self.ensure_init(req.layout, req.hostname, req.cgroups, req.mem_mib)
+            ns_fds = init.namespace_fds() if init is not None else None
+            pass_fds = ns_fds or ()
+            argv = self._bwrap_argv(req, env, ns_fds)
             cwd = "/"
         else:
             argv = [req.cmd, *req.args]
@@ -236,9 +284,13 @@ class GuestRunner:
                 cwd=cwd,
                 start_new_session=True,
                 limit=CHUNK_BYTES,
+                pass_fds=pass_fds,
             )
         except OSError as exc:
             raise GuestStartError(f"fork/exec {req.cmd}: {exc.strerror or exc}") from exc
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
         guest = GuestProcess(proc, self.isolation, req.cgroups, self._procs)
         guest.begin(stdin)
         return guest
@@ -246,6 +298,143 @@ class GuestRunner:
     def kill_all(self) -> None:
         for proc in list(self._procs):
             proc.kill()
+
+    # -- the guest's PID 1 ----------------------------------------------------------------
+    def _launcher_env(self, cgroups: SandboxCgroups, mem_mib: int) -> dict[str, str]:
+        env = {"PATH": SYSTEM_PATH, "CREATEOS_LOCAL_CGROUPS": " ".join(cgroups.procs_files())}
+        if self.memory_mode == "rlimit":
+            env["CREATEOS_LOCAL_AS_KB"] = str(max(mem_mib, RLIMIT_FLOOR_MIB) * 1024)
+        return env
+
+    async def ensure_init(
+        self, layout: GuestLayout, hostname: str, cgroups: SandboxCgroups, mem_mib: int
+    ) -> GuestInit | None:
+        """The guest's init, started on first use: a bwrap sandbox running the image's
+        ``sleep infinity`` as PID 1's only child. Every exec joins its user and PID
+        namespaces, so what an exec leaves running in the background lives on (frozen with
+        the guest's cgroup on pause) until delete kills the init and with it the namespace."""
+        async with layout.init_lock:
+            if layout.init is not None and layout.init.alive:
+                return layout.init
+            layout.init = None
+            sleep = next((p for p in ("usr/bin/sleep", "bin/sleep") if (layout.fs / p).exists()), None)
+            if sleep is None:
+                return None
+            assert self.bwrap is not None and self.setpriv is not None
+            # bwrap reads its arguments from a pipe (--args), so the guest's PID 1 shows no host path
+            bwrap_args = ["--unshare-all", "--die-with-parent", "--hostname", hostname]
+            bwrap_args += ["--uid", str(GUEST_UID), "--gid", str(GUEST_GID), "--bind", str(layout.fs), "/"]
+            bwrap_args += ["--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--clearenv"]
+            args_r, args_w = os.pipe()
+            info_r, info_w = os.pipe()
+            bwrap_args += ["--info-fd", str(info_w)]
+            os.write(
+                args_w, b"".join(os.fsencode(a) + b"\0" for a in bwrap_args)
+            )  # far below a pipe's buffer
+            os.close(args_w)
+            argv = [self.setpriv, f"--reuid={HOST_GUEST_UID}", f"--regid={HOST_GUEST_GID}", "--clear-groups"]
+            argv += ["--", self.bwrap, "--args", str(args_r), "--", f"/{sleep}", "infinity"]
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    "/bin/sh",
+                    "-c",
+                    LAUNCHER,
+                    "createos-init",
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.PIPE,
+                    env=self._launcher_env(cgroups, mem_mib),
+                    cwd="/",
+                    start_new_session=True,
+                    pass_fds=(info_w, args_r),
+                )
+            finally:
+                os.close(info_w)
+                os.close(args_r)
+            try:
+                raw = await asyncio.to_thread(_read_all, info_r)
+            finally:
+                os.close(info_r)
+            try:
+                child_pid = int(json.loads(raw)["child-pid"])
+                await _until_nested(child_pid)
+            except (ValueError, KeyError, TypeError, OSError) as exc:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                err = await proc.stderr.read() if proc.stderr else b""
+                raise GuestStartError(
+                    f"guest init failed to start: {err.decode(errors='replace').strip() or exc}"
+                ) from exc
+            layout.init = GuestInit(proc, child_pid)
+            return layout.init
+
+
+async def _until_nested(child_pid: int) -> None:
+    """Wait until the guest's PID 1 runs in its final (nested, uid 1000) user namespace; bwrap
+    reports the PID before it switches."""
+    host_userns = os.stat("/proc/self/ns/user").st_ino
+    for _ in range(2500):
+        inner = os.open(f"/proc/{child_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            parent = fcntl.ioctl(inner, NS_GET_PARENT)
+        except PermissionError:  # PID 1 is still in the host's namespace
+            parent = -1
+        finally:
+            os.close(inner)
+        if parent >= 0:
+            nested = os.fstat(parent).st_ino != host_userns
+            os.close(parent)
+            if nested:
+                return
+        await asyncio.sleep(0.002)
+    raise OSError(f"guest PID 1 ({child_pid}) never entered its user namespace")
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _unread_bytes(fd: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+class GuestInit:
+    """The guest's PID 1 (bwrap's reaper; its only child sleeps) and the way into its namespaces."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, child_pid: int) -> None:
+        self.proc = proc
+        self.child_pid = child_pid  # PID 1 of the guest, as the host numbers it
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None and os.path.exists(f"/proc/{self.child_pid}")
+
+    def namespace_fds(self) -> tuple[int, int, int]:
+        """(outer user ns, guest user ns, PID ns). bwrap nests the guest's user namespace (uid
+        1000) in the one that owns its PID namespace: an exec joins the outer one, then the PID
+        namespace, then switches to the inner one (bwrap's --userns, --pidns, --userns2)."""
+        fds: list[int] = []
+        try:
+            inner = os.open(f"/proc/{self.child_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+            fds.append(inner)
+            fds.append(fcntl.ioctl(inner, NS_GET_PARENT))
+            os.set_inheritable(fds[-1], False)
+            fds.append(os.open(f"/proc/{self.child_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds[1], fds[0], fds[2]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.child_pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 class GuestProcess:
@@ -306,6 +495,30 @@ class GuestProcess:
             # background children of an unisolated guest would hold the pipes open forever
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+            return
+        await self._close_pipes_once_drained()
+
+    async def _close_pipes_once_drained(self) -> None:
+        """The exec ends with its main process. A background process it started may still
+        hold stdout/stderr open: once what the pipes hold has been read, stop reading them
+        (later writes of that process get EPIPE, as after a detached exec on a microVM)."""
+        transport = getattr(self.proc, "_transport", None)
+        if transport is None:
+            return
+        pipes = [transport.get_pipe_transport(fd) for fd in (1, 2)]
+        while True:
+            pending = 0
+            for pipe in pipes:
+                if pipe is None or pipe.is_closing():
+                    continue
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    pending += _unread_bytes(pipe.get_extra_info("pipe").fileno())
+            if not pending:
+                break
+            await asyncio.sleep(0.002)
+        for pipe in pipes:
+            if pipe is not None and not pipe.is_closing():
+                pipe.close()
 
     async def next_chunk(self) -> tuple[str, bytes] | None:
         """The next output chunk, or None once both pipes are closed."""

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 import os
 import secrets
-import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +24,7 @@ from .catalog import Shape
 from .cgroups import CgroupManager, SandboxCgroups
 from .envelope import ApiError
 from .guest import GuestLayout, GuestProcess
+from .images import Image
 
 TERMINAL = frozenset({"destroyed", "failed"})
 PAUSED_LIKE = frozenset({"pausing", "paused", "resuming", "forking"})
@@ -54,7 +55,7 @@ class Sandbox:
     name: str
     shape: Shape
     rootfs: str
-    rootfs_path: Path
+    image: Image
     layout: GuestLayout
     cgroups: SandboxCgroups
     ip: str
@@ -75,6 +76,7 @@ class Sandbox:
     last_activity: float = field(default_factory=time.monotonic)
     processes: set[GuestProcess] = field(default_factory=set)
     transition: asyncio.Task[None] | None = None
+    mounting: bool = False  # its disk and root are being made (off the event loop)
 
     @property
     def terminal(self) -> bool:
@@ -126,7 +128,9 @@ class Store:
         cgroups: CgroupManager,
         transition_delay: Callable[[], float],
         unique_names: bool = True,
+        isolation: bool = True,
     ) -> None:
+        self.isolation = isolation
         self.state_dir = state_dir
         self.sandboxes_dir = state_dir / "sandboxes"
         self.cgroups = cgroups
@@ -162,27 +166,28 @@ class Store:
         n = self._ip_counter
         return f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
 
-    def new_row(
+    async def new_row(
         self,
         *,
         name: str,
         shape: Shape,
         rootfs: str,
-        rootfs_path: Path,
+        image: Image,
         disk_mib: int,
         egress: list[str],
         envs: dict[str, str],
+        copy_from: Sandbox | None = None,
     ) -> Sandbox:
+        """A new sandbox with its disk and root mounted (a copy of ``copy_from``'s for a fork).
+        The row is listed (``creating``) before the mounts, so its name is taken meanwhile."""
         sandbox_id = f"sb-{new_ulid().lower()}"
-        layout = GuestLayout(self.sandboxes_dir / sandbox_id)
-        layout.create()
         sb = Sandbox(
             id=sandbox_id,
             name=name,
             shape=shape,
             rootfs=rootfs,
-            rootfs_path=rootfs_path,
-            layout=layout,
+            image=image,
+            layout=GuestLayout(self.sandboxes_dir / sandbox_id),
             cgroups=self.cgroups.create(sandbox_id, shape.mem_mib),
             ip=self._next_ip(),
             disk_mib=disk_mib,
@@ -190,6 +195,18 @@ class Store:
             envs=envs,
         )
         self.rows[sandbox_id] = sb
+        source = copy_from.layout if copy_from is not None else None
+        sb.mounting = True
+        try:
+            await asyncio.to_thread(sb.layout.create, image, disk_mib, self.isolation, source)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            sb.status = "failed"
+            sb.cgroups.remove()
+            raise ApiError(500, f"could not create the guest's disk: {exc}") from exc
+        finally:
+            sb.mounting = False
+        if sb.terminal or sb.status == "destroying":  # deleted while its disk was being made
+            await asyncio.to_thread(sb.layout.remove)
         return sb
 
     def mark_running(self, sb: Sandbox, started: float) -> None:
@@ -303,12 +320,14 @@ class Store:
         for proc in list(sb.processes):
             proc.kill()
         sb.cgroups.kill_all()
+        sb.layout.kill_init()
 
     @staticmethod
     def _release(sb: Sandbox) -> None:
         """Free the cgroups and remove the files (blocking: run it off the event loop)."""
         sb.cgroups.remove()
-        shutil.rmtree(sb.layout.root, ignore_errors=True)
+        if not sb.mounting:  # else new_row removes them once the mounts are done
+            sb.layout.remove()
 
     @staticmethod
     def _finish(sb: Sandbox) -> None:

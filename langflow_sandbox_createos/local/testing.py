@@ -80,6 +80,15 @@ class LocalControlPlane:
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
+    def guest_file(self, sandbox_id: str, guest_path: str) -> Path:
+        """The host path of a file in a guest's root, readable by this (root) process while the
+        sandbox lives: guest roots are mounts of the server's own mount namespace, reached
+        through ``/proc/<server pid>/root``. Without isolation, the sandbox's plain ``fs/``."""
+        fs = self.state_dir / "sandboxes" / sandbox_id / "fs"
+        if self.pid is not None and "--no-isolation" not in self._args:
+            fs = Path(f"/proc/{self.pid}/root") / fs.relative_to("/")
+        return fs / guest_path.lstrip("/")
+
     @property
     def state_dir(self) -> Path:
         assert self.workdir is not None
@@ -92,6 +101,7 @@ class LocalControlPlane:
 
     def start(self) -> LocalControlPlane:
         self.workdir = Path(tempfile.mkdtemp(prefix="createos-local-test-"))
+        self.workdir.chmod(0o711)  # searchable by the unprivileged guest user (see __main__)
         port_file = self.workdir / "port"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)

@@ -218,3 +218,36 @@ def test_a_reused_run_is_two_requests(component_cls: type, reuse_env: LocalContr
     delta = {k: n - before.get(k, 0) for k, n in after.items() if not k.startswith("local_")}
     assert second["result"] == "2"
     assert {k: n for k, n in delta.items() if n} == {"get": 1, "exec_stream": 1}, delta
+
+
+PIP_INSTALL = (
+    "import subprocess, sys\n"
+    "done = subprocess.run([sys.executable, '-m', 'pip', 'install', '--user', '--break-system-packages',\n"
+    "    '--disable-pip-version-check', '--no-input', '-q', 'iniconfig'], capture_output=True, text=True)\n"
+    "print('pip', done.returncode, done.stderr[-400:])\n"
+)
+IMPORT_IT = (
+    "try:\n"
+    "    import iniconfig\n"
+    "    print('imported', iniconfig.__file__)\n"
+    "except ImportError:\n"
+    "    print('missing')\n"
+)
+
+
+def test_packages_installed_in_a_reused_guest_stay_in_that_guest(
+    component_cls: type, reuse_env: LocalControlPlane
+) -> None:
+    """A reused guest is a machine: what run 1 installs from the package index (into the
+    guest user's site, on the guest's own disk) is importable in run 2, and in no other guest."""
+    params = {"allow_network": True, "timeout_seconds": 120}
+    first = reuse(component_cls, python_code=PIP_INSTALL, **params)
+    assert first["result"].startswith("pip 0"), first
+    second = reuse(component_cls, python_code=IMPORT_IT, **params)
+    assert second["sandbox_id"] == first["sandbox_id"]
+    where = second["result"]
+    assert where.startswith("imported /workspace/.local/lib/python3"), second
+    assert where.endswith("/site-packages/iniconfig/__init__.py"), second
+    other = reuse(component_cls, python_code=IMPORT_IT, component_id="CreateOSSandbox-t0009", **params)
+    assert other["sandbox_id"] != first["sandbox_id"]
+    assert other["result"] == "missing"

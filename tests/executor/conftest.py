@@ -14,6 +14,7 @@ import pytest
 
 from langflow_sandbox_createos import executor as executor_module
 from langflow_sandbox_createos.executor import CreateOSExecutor
+from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,6 @@ EXECUTOR_VARS = (
     "CREATEOS_API_KEY",
     "CREATEOS_SANDBOX_ROOTFS",
     "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
-    "CREATEOS_EXECUTOR_ROOTFS",
     "CREATEOS_EXECUTOR_SHAPE",
     "CREATEOS_EXECUTOR_TIMEOUT_SECONDS",
     "CREATEOS_EXECUTOR_EGRESS",
@@ -35,7 +35,8 @@ EXECUTOR_VARS = (
 
 @pytest.fixture
 def executor_env(cp: Any, createos_env: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The control plane, with every executor setting at its default except a test-sized timeout."""
+    """The control plane, with every executor setting at its default except a test-sized timeout
+    and the template rootfs (set by ``createos_env``)."""
     for name in EXECUTOR_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "180")
@@ -128,6 +129,7 @@ def child_env(cp: Any, tmp_path: Path, **extra: str) -> dict[str, str]:
         CREATEOS_SANDBOX_API_KEY=cp.api_key,
         CREATEOS_SANDBOX_BASE_URL=cp.url,
         CREATEOS_EXECUTOR_TIMEOUT_SECONDS="180",
+        CREATEOS_EXECUTOR_ROOTFS=TEMPLATE_NAME,
         LANGFLOW_DO_NOT_TRACK="true",
     )
     env.update(extra)

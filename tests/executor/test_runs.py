@@ -103,9 +103,8 @@ async def test_missing_component_module_is_named(executor: CreateOSExecutor) -> 
 
 
 def _guest_without_lfx(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The guest's PATH comes from the allowlisted env, so python3 is the system one, without lfx.
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    monkeypatch.setenv("CREATEOS_EXECUTOR_ENV", "PATH")
+    # devbox:1 is the plain image users start with: the system Python, no lfx.
+    monkeypatch.setenv("CREATEOS_EXECUTOR_ROOTFS", "devbox:1")
 
 
 async def test_guest_without_lfx_points_at_the_rootfs(

@@ -79,14 +79,24 @@ def test_guest_environment_is_clean(
     assert "HOME=/workspace" in env
 
 
-def test_guest_python_is_the_server_interpreter_with_lfx(
-    client: httpx.Client, sandbox: dict[str, Any]
+def test_devbox_is_a_plain_image_and_the_template_has_lfx(
+    client: httpx.Client, sandbox_factory: SandboxFactory
 ) -> None:
-    result = sh(client, sandbox["id"], "python3 -c 'import lfx, sys; print(sys.prefix)'")
-    assert result["exit_code"] == 0, result
-    import sys
+    from importlib.metadata import version
 
-    assert result["stdout"].strip() == sys.prefix
+    from langflow_sandbox_createos.local.images import TEMPLATE_ID, TEMPLATE_NAME
+
+    probe = "import sys\ntry:\n import lfx; from importlib.metadata import version; print(version('lfx'))\n"
+    probe += "except ImportError: print('no-lfx')\nprint(sys.executable)"
+    plain = sandbox_factory()
+    out = run(client, plain["id"], "python3", "-c", probe)["stdout"].split()
+    assert out == ["no-lfx", "/usr/bin/python3"], out
+    templates = data(client.get("/v1/templates"))["data"]
+    assert {"id": TEMPLATE_ID, "name": TEMPLATE_NAME, "base": "devbox:1", "status": "ready"} in templates
+    for rootfs in (TEMPLATE_NAME, TEMPLATE_ID):  # a template is named by its name or its id
+        template = sandbox_factory(rootfs=rootfs)
+        out = run(client, template["id"], "python3", "-c", probe)["stdout"].split()
+        assert out == [version("lfx"), "/opt/lfx/bin/python3"], out
 
 
 def test_guest_tools_available(client: httpx.Client, sandbox: dict[str, Any]) -> None:

@@ -52,22 +52,45 @@ def test_path_rules(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     assert "path" in failure(client.put(url, params={"path": "relative/x"}, content=b"x"), 400)
     assert "path" in failure(client.get(url, params={"path": "relative/x"}), 400)
     assert failure(client.put(url, content=b"x"), 400)  # no path at all
-    assert failure(client.put(url, params={"path": "/etc/passwd"}, content=b"x"), 400)
     assert failure(client.put(url, params={"path": "/workspace"}, content=b"x"), 400)
+    assert failure(client.put(url, params={"path": "/"}, content=b"x"), 400)
     assert failure(client.get(url, params={"path": "/workspace/missing.txt"}), 404)
+    assert failure(client.get(url, params={"path": "/workspace"}), 400)  # not a regular file
     assert failure(client.get("/v1/sandboxes/sb-missing/files", params={"path": "/workspace/x"}), 404)
-    # '..' cannot climb out of the sandbox
-    assert failure(client.put(url, params={"path": "/workspace/../../../../etc/evil"}, content=b"x"), 400)
+    # '..' stops at the guest's root, as it does for the guest
+    data(client.put(url, params={"path": "/workspace/../../../../etc/evil"}, content=b"x"))
+    assert sh(client, sandbox["id"], "cat /etc/evil")["stdout"] == "x"
+    assert not os.path.exists("/etc/evil")
 
 
-def test_symlinks_cannot_leave_the_sandbox(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+def test_any_absolute_path_a_guest_could_write(client: httpx.Client, sandbox: dict[str, Any]) -> None:
+    url = files_url(sandbox)
+    for path in ("/root/seed.txt", "/etc/app.conf", "/usr/local/bin/tool", "/opt/a/b/c.txt", "/home/user/x"):
+        data(client.put(url, params={"path": path}, content=path.encode()))
+        assert client.get(url, params={"path": path}).content == path.encode()
+    # uploads belong to the guest user, who can change them in place
+    out = sh(
+        client, sandbox["id"], "stat -c %u /opt/a/b/c.txt /opt/a; echo more >> /opt/a/b/c.txt && echo ok"
+    )
+    assert out["stdout"].split() == ["1000", "1000", "ok"], out
+    assert not os.path.exists("/opt/a/b/c.txt")
+
+
+def test_symlinks_resolve_inside_the_guest_root(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     sid = sandbox["id"]
     sh(client, sid, "ln -s /etc /workspace/etc-link; ln -s /etc/hostname /workspace/host-file")
-    assert failure(
-        client.put(files_url(sandbox), params={"path": "/workspace/etc-link/pwned"}, content=b"x"), 400
-    )
+    sh(client, sid, "ln -s ../../../../../../etc/passwd /workspace/climb")
+    data(client.put(files_url(sandbox), params={"path": "/workspace/etc-link/pwned"}, content=b"x"))
     assert not os.path.exists("/etc/pwned")
-    assert failure(client.get(files_url(sandbox), params={"path": "/workspace/host-file"}), 404)
+    assert sh(client, sid, "cat /etc/pwned")["stdout"] == "x"
+    with open("/etc/hostname", "rb") as host_hostname:
+        host_bytes = host_hostname.read()
+    guest = client.get(files_url(sandbox), params={"path": "/workspace/host-file"})
+    assert guest.status_code == 200 and guest.content == b"sandbox\n" != host_bytes
+    passwd = client.get(files_url(sandbox), params={"path": "/workspace/climb"}).content
+    assert passwd == sh(client, sid, "cat /etc/passwd")["stdout"].encode()
+    with open("/etc/passwd", "rb") as host_passwd:
+        assert passwd != host_passwd.read()
 
 
 def test_upload_cap_is_enforced() -> None:
@@ -86,4 +109,4 @@ def test_upload_cap_is_enforced() -> None:
             declared = c.put(url, params={"path": "/workspace/big"}, content=b"z" * 1048577)
             assert failure(declared, 413)["code"] == "file_too_large"
             assert failure(c.get(url, params={"path": "/workspace/big"}), 404)
-            assert os.listdir(plane.state_dir / "sandboxes" / sb["id"] / "workspace") == ["ok"]
+            assert os.listdir(plane.guest_file(sb["id"], "/workspace")) == ["ok"]

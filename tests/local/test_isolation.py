@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import http.server
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,22 +117,53 @@ def test_guest_has_its_own_pid_namespace_and_readonly_root(
     assert ro == "ro"
 
 
-def test_no_guest_process_outlives_its_exec(
-    client: httpx.Client, cp: LocalControlPlane, sandbox: dict[str, Any]
-) -> None:
-    sh(client, sandbox["id"], "(sleep 4343.5 &) ; echo started")
+def _host_processes_with(marker: bytes) -> list[str]:
     import os
 
-    leftovers = []
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"4343.5" in f.read():
-                    leftovers.append(pid)
+                if marker in f.read():
+                    found.append(pid)
         except OSError:
             pass
-    assert leftovers == []
-    assert cp.stats()["guest_processes"] == 0
+    return found
+
+
+def test_background_processes_live_until_delete_and_freeze_with_pause(
+    client: httpx.Client, cp: LocalControlPlane, sandbox_factory: SandboxFactory
+) -> None:
+    """As on a microVM: what exec 1 leaves running is there for exec 2, stops while the guest
+    is paused, and dies with the guest; the exec itself ends with its main process."""
+    sid = sandbox_factory()["id"]
+    loop = "while :; do echo x >> /workspace/ticks; sleep 0.02; done"
+    started = sh(client, sid, f"sh -c '{loop}' bg-ticker-4343 & echo started")
+    assert started == {"stdout": "started\n", "stderr": "", "exit_code": 0}, started
+    assert cp.stats()["guest_processes"] == 0  # the exec is over
+    seen = sh(client, sid, "ps -eo args | grep -c '[b]g-ticker-4343'")["stdout"].strip()
+    assert seen == "1"
+    ticks = cp.guest_file(sid, "/workspace/ticks")
+
+    def wait_until(done: Callable[[], bool]) -> bool:
+        for _ in range(250):
+            if done():
+                return True
+            time.sleep(0.02)
+        return False
+
+    before = ticks.stat().st_size
+    assert wait_until(lambda: ticks.stat().st_size > before), "the background process is not running"
+    data(client.post(f"/v1/sandboxes/{sid}/pause"))
+    assert wait_until(lambda: data(client.get(f"/v1/sandboxes/{sid}"))["status"] == "paused")
+    frozen = ticks.stat().st_size
+    time.sleep(0.5)
+    assert ticks.stat().st_size == frozen, "the background process ran while paused"
+    assert _host_processes_with(b"bg-ticker-4343")  # frozen, not gone
+    data(client.post(f"/v1/sandboxes/{sid}/resume"))
+    assert wait_until(lambda: ticks.stat().st_size > frozen), "the background process did not resume"
+    data(client.delete(f"/v1/sandboxes/{sid}"))
+    assert wait_until(lambda: not _host_processes_with(b"bg-ticker-4343")), "it outlived its guest"
 
 
 def _tiny_rootfs(root: Path) -> None:

@@ -71,7 +71,7 @@ def test_pause_freezes_a_running_guest(
     with make_client(plane) as client:
         sid = data(client.post("/v1/sandboxes", json={"shape": "s-2vcpu-4gb"}))["id"]
         wait_status(client, sid, "running")
-        tick = plane.state_dir / "sandboxes" / sid / "workspace" / "tick"
+        tick = plane.guest_file(sid, "/workspace/tick")
         try:
             with (
                 make_client(plane) as streamer,

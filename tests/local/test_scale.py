@@ -94,7 +94,7 @@ def test_unisolated_mode_still_runs_guests() -> None:
             sb = make(envs={"K": "v"})
             result = sh(c, sb["id"], "echo $K $CREATEOS_SANDBOX_ID; pwd")
             assert result["stdout"].split()[:2] == ["v", sb["id"]]
-            assert result["stdout"].split()[2].endswith(f"{sb['id']}/workspace")
+            assert result["stdout"].split()[2].endswith(f"{sb['id']}/fs/workspace")
             missing = data(c.post(f"/v1/sandboxes/{sb['id']}/exec", json={"cmd": "nope-binary"}))["result"]
             assert missing["exit_code"] == 0 and missing["error"]
             assert sh(c, sb["id"], "(sleep 4646.5 &); echo bg")["stdout"] == "bg\n"

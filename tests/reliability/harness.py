@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from langflow_sandbox_createos import runtime, settings
+from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 # A key long and random enough that any 10-character window of it in a log, message or repr
@@ -172,6 +173,9 @@ def capture_all_logs(keep_level: int = logging.DEBUG) -> Iterator[LogCapture]:
 
 # --- lanes ------------------------------------------------------------------------------------
 
+# The executor's guests use createos-local's lfx template (devbox:1 is a plain image).
+TEMPLATE_ENV = {"CREATEOS_EXECUTOR_ROOTFS": TEMPLATE_NAME}
+
 
 @dataclass
 class Lane:
@@ -187,6 +191,7 @@ class Lane:
             "LANGFLOW_SANDBOX_TIMEOUT_SECONDS": "30",
             "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS": "15",
             "CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "180",
+            **TEMPLATE_ENV,
         }
         env.update(overrides)
         return {k: v for k, v in env.items() if v is not None}

@@ -226,6 +226,12 @@ def test_every_setting_blank_still_runs(surface: str, env: Any, monkeypatch) -> 
     for var in VARS:
         if surface in var.surfaces and var.name not in keep:
             monkeypatch.setenv(var.name, "   ")
+    if surface == "executor":
+        # blank CREATEOS_EXECUTOR_ROOTFS means devbox:1, a plain image without lfx, where the
+        # executor refuses to run (tests/executor/test_runs.py): like a deployment, this run
+        # names the lfx template and leaves every other executor setting blank
+        for name, value in harness.TEMPLATE_ENV.items():
+            monkeypatch.setenv(name, value)
     proxy = None
     if surface == "executor":  # one whole flow for two checks: it also goes through a path prefix
         proxy = PrefixProxy(env.port)

@@ -55,6 +55,8 @@ def env(plane: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "30")
     monkeypatch.setenv("CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS", "30")
     monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "180")
+    for name, value in harness.TEMPLATE_ENV.items():
+        monkeypatch.setenv(name, value)
     plane.clear_faults()
     yield plane
     harness.drain_backend_deletes()

@@ -187,6 +187,7 @@ def soak_plane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS": "5",
         "CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "45",
         "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES": str(1024 * 1024),
+        **harness.TEMPLATE_ENV,
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
