@@ -47,12 +47,30 @@ static PyMemberDef er_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-static void er_dealloc(ExecResultObject *self)
+/* error, exec_ms and sandbox_id may be any object when built from Python:
+ * the type takes part in garbage collection. */
+static int er_traverse(ExecResultObject *self, visitproc visit, void *arg)
 {
-    PyTypeObject *tp = Py_TYPE(self);
+    Py_VISIT(Py_TYPE(self));
+#define X(field, name) Py_VISIT(self->field);
+    ER_FIELDS(X)
+#undef X
+    return 0;
+}
+
+static int er_clear(ExecResultObject *self)
+{
 #define X(field, name) Py_CLEAR(self->field);
     ER_FIELDS(X)
 #undef X
+    return 0;
+}
+
+static void er_dealloc(ExecResultObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    er_clear(self);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -103,6 +121,8 @@ static PyObject *er_repr(ExecResultObject *self)
 
 static PyType_Slot er_slots[] = {
     {Py_tp_dealloc, er_dealloc},
+    {Py_tp_traverse, er_traverse},
+    {Py_tp_clear, er_clear},
     {Py_tp_new, er_new},
     {Py_tp_repr, er_repr},
     {Py_tp_members, er_members},
@@ -113,7 +133,7 @@ static PyType_Slot er_slots[] = {
 static PyType_Spec er_spec = {
     .name = "langflow_sandbox_createos._createos.ExecResult",
     .basicsize = sizeof(ExecResultObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
     .slots = er_slots,
 };
 
@@ -124,7 +144,7 @@ static PyObject *decode(const char *s, size_t n)
 
 static PyObject *make_result(cos_state *st, cos_exec_out *x, const char *sandbox_id)
 {
-    ExecResultObject *r = PyObject_New(ExecResultObject, st->ExecResultType);
+    ExecResultObject *r = (ExecResultObject *)st->ExecResultType->tp_alloc(st->ExecResultType, 0);
     if (r == NULL)
         return NULL;
     r->stdout_ = decode(x->out[0].data, x->out[0].len);
@@ -150,6 +170,7 @@ static PyObject *json_to_py(json_t *j)
 {
     PyObject *out = NULL, *v;
     const char *k;
+    size_t klen;
     json_t *jv;
     size_t i;
 
@@ -157,8 +178,9 @@ static PyObject *json_to_py(json_t *j)
     case JSON_OBJECT:
         if ((out = PyDict_New()) == NULL)
             return NULL;
-        json_object_foreach(j, k, jv) {
-            PyObject *key = decode(k, strlen(k));
+        /* keys by length: a key may hold NUL (\u0000) */
+        json_object_keylen_foreach(j, k, klen, jv) {
+            PyObject *key = decode(k, klen);
             int bad;
             v = key ? json_to_py(jv) : NULL;
             bad = v == NULL || PyDict_SetItem(out, key, v) < 0;
@@ -196,11 +218,97 @@ static PyObject *json_to_py(json_t *j)
     }
 }
 
+static json_t *py_to_json(PyObject *o, int depth);
+
+/* A mapping -> JSON object. items() is user code: whatever it returns is
+ * snapshotted into a tuple we own (nested conversions run more user code that
+ * may mutate the list it returned), and every item must be a (str, value) pair. */
+static json_t *mapping_to_json(PyObject *o, int depth)
+{
+    PyObject *items = PyMapping_Items(o), *snap = NULL;
+    json_t *out = NULL;
+    Py_ssize_t i, n;
+
+    if (items == NULL)
+        goto error;
+    if ((snap = PySequence_Tuple(items)) == NULL)
+        goto error;
+    if ((out = json_object()) == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    n = PyTuple_GET_SIZE(snap);
+    for (i = 0; i < n; i++) {
+        PyObject *kv = PyTuple_GET_ITEM(snap, i), *key;
+        const char *ks;
+        Py_ssize_t klen;
+        json_t *v;
+        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2) {
+            PyErr_Format(PyExc_TypeError,
+                         "%.100s.items() must yield (key, value) pairs, got %.100s",
+                         Py_TYPE(o)->tp_name, Py_TYPE(kv)->tp_name);
+            goto error;
+        }
+        key = PyTuple_GET_ITEM(kv, 0);
+        if (!PyUnicode_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "JSON object keys must be str");
+            goto error;
+        }
+        if ((ks = PyUnicode_AsUTF8AndSize(key, &klen)) == NULL ||
+            (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
+            goto error;
+        if (json_object_setn_new(out, ks, (size_t)klen, v) < 0) {
+            PyErr_SetString(PyExc_ValueError, "invalid JSON object key");
+            goto error;
+        }
+    }
+    Py_DECREF(items);
+    Py_DECREF(snap);
+    return out;
+error:
+    Py_XDECREF(items);
+    Py_XDECREF(snap);
+    json_decref(out);
+    return NULL;
+}
+
+/* A sequence -> JSON array, from a tuple snapshot (a list may be mutated by
+ * the user code that nested conversions run). */
+static json_t *sequence_to_json(PyObject *o, int depth)
+{
+    PyObject *snap = PySequence_Tuple(o);
+    json_t *out = NULL;
+    Py_ssize_t i, n;
+
+    if (snap == NULL)
+        return NULL;
+    if ((out = json_array()) == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    n = PyTuple_GET_SIZE(snap);
+    for (i = 0; i < n; i++) {
+        json_t *v = py_to_json(PyTuple_GET_ITEM(snap, i), depth + 1);
+        if (v == NULL)
+            goto error;
+        if (json_array_append_new(out, v) < 0) {
+            PyErr_NoMemory();
+            goto error;
+        }
+    }
+    Py_DECREF(snap);
+    return out;
+error:
+    Py_DECREF(snap);
+    json_decref(out);
+    return NULL;
+}
+
 /* Python value -> new jansson value; NULL with a Python exception. */
 static json_t *py_to_json(PyObject *o, int depth)
 {
     json_t *out = NULL;
-    Py_ssize_t i, n;
+    Py_ssize_t n;
 
     if (depth > 64) {
         PyErr_SetString(PyExc_ValueError, "JSON value nested too deeply");
@@ -211,9 +319,14 @@ static json_t *py_to_json(PyObject *o, int depth)
     if (PyBool_Check(o))
         return json_boolean(o == Py_True);
     if (PyLong_Check(o)) {
-        long long v = PyLong_AsLongLong(o);
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
         if (v == -1 && PyErr_Occurred())
             return NULL;
+        if (overflow) {
+            PyErr_SetString(PyExc_ValueError, "integer out of the JSON range (64-bit signed)");
+            return NULL;
+        }
         return json_integer(v);
     }
     if (PyFloat_Check(o)) {
@@ -229,62 +342,17 @@ static json_t *py_to_json(PyObject *o, int depth)
         if (s == NULL)
             return NULL;
         out = json_stringn(s, (size_t)n);
-        goto check;
+        if (out == NULL)
+            PyErr_SetString(PyExc_ValueError, "value cannot be encoded as JSON");
+        return out;
     }
-    if (PyDict_Check(o) || (PyMapping_Check(o) && !PySequence_Check(o))) {
-        PyObject *items = PyMapping_Items(o);
-        if (items == NULL)
-            return NULL;
-        out = json_object();
-        n = PyList_GET_SIZE(items);
-        for (i = 0; out && i < n; i++) {
-            PyObject *kv = PyList_GET_ITEM(items, i), *key = PyTuple_GET_ITEM(kv, 0);
-            const char *ks;
-            json_t *v;
-            if (!PyUnicode_Check(key)) {
-                PyErr_SetString(PyExc_TypeError, "JSON object keys must be str");
-                goto map_fail;
-            }
-            if ((ks = PyUnicode_AsUTF8(key)) == NULL || (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
-                goto map_fail;
-            if (json_object_set_new(out, ks, v) < 0) {
-                PyErr_SetString(PyExc_ValueError, "invalid JSON object key");
-                goto map_fail;
-            }
-        }
-        Py_DECREF(items);
-        goto check;
-    map_fail:
-        Py_DECREF(items);
-        json_decref(out);
-        return NULL;
-    }
+    if (PyDict_Check(o) || (PyMapping_Check(o) && !PySequence_Check(o)))
+        return mapping_to_json(o, depth);
     if (PyList_Check(o) || PyTuple_Check(o) ||
-        (PySequence_Check(o) && !PyBytes_Check(o) && !PyByteArray_Check(o))) {
-        PyObject *seq = PySequence_Fast(o, "expected a sequence");
-        if (seq == NULL)
-            return NULL;
-        out = json_array();
-        n = PySequence_Fast_GET_SIZE(seq);
-        for (i = 0; out && i < n; i++) {
-            json_t *v = py_to_json(PySequence_Fast_GET_ITEM(seq, i), depth + 1);
-            if (v == NULL || json_array_append_new(out, v) < 0) {
-                Py_DECREF(seq);
-                json_decref(out);
-                if (!PyErr_Occurred())
-                    PyErr_NoMemory();
-                return NULL;
-            }
-        }
-        Py_DECREF(seq);
-        goto check;
-    }
+        (PySequence_Check(o) && !PyBytes_Check(o) && !PyByteArray_Check(o)))
+        return sequence_to_json(o, depth);
     PyErr_Format(PyExc_TypeError, "%.100s is not JSON-serializable", Py_TYPE(o)->tp_name);
     return NULL;
-check:
-    if (out == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "value cannot be encoded as JSON (invalid UTF-8?)");
-    return out;
 }
 
 /* A JSON value of the given kind, or NULL (obj None) — error when *ok is 0. */
@@ -335,6 +403,7 @@ typedef struct {
     PyObject *base_url;
     PyObject *weakreflist;
     int closed;
+    int ready; /* __init__ succeeded */
 } ClientObject;
 
 static cos_state *state_of(PyObject *self)
@@ -360,6 +429,11 @@ static cos_engine *engine_of(ClientObject *self)
         cos_err_clear(&err);
         cos_err_set(&err, COS_E_CLOSED, "the client is closed");
         cos_raise(state_of((PyObject *)self), &err);
+        return NULL;
+    }
+    if (!self->ready) {
+        /* Client.__new__(Client), or an __init__ that failed */
+        PyErr_SetString(PyExc_RuntimeError, "the Client is not initialised (__init__ did not succeed)");
         return NULL;
     }
     cos_client_after_fork((PyObject *)self); /* a fork the hook did not see */
@@ -547,7 +621,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
     char default_ua[128];
     cos_err err;
 
-    if (self->eng != NULL || self->cfg.base != NULL) {
+    if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
         return -1;
     }
@@ -599,10 +673,18 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
     }
     if ((self->base_url = PyUnicode_FromString(self->cfg.base)) == NULL || track(self) < 0)
         goto error;
+    self->ready = 1;
     return 0;
 config_error:
     cos_raise(state_of((PyObject *)self), &err);
 error:
+    /* nothing half-made stays: the object is unusable, or __init__ may run again */
+    if (self->eng != NULL) {
+        cos_engine_free(self->eng); /* never started: no thread to join */
+        self->eng = NULL;
+    }
+    free_cfg(&self->cfg);
+    Py_CLEAR(self->base_url);
     return -1;
 }
 
@@ -650,6 +732,21 @@ static PyObject *client_repr(ClientObject *self)
     return PyUnicode_FromFormat("<createos Client base_url=%R%s>", self->base_url ? self->base_url : Py_None,
                                 self->closed ? " closed" : "");
 }
+
+/* Strings parsed from keyword arguments are used without the GIL. The kwargs
+ * dict may be the caller's own (PyObject_Call passes it through), which
+ * another thread could change during the call: parse from a copy, which holds
+ * a reference on every value until the call returns. */
+#define OWNED_KWDS(name)                                                                          \
+    static PyObject *name(ClientObject *self, PyObject *args, PyObject *kwds)                     \
+    {                                                                                             \
+        PyObject *own = NULL, *res;                                                               \
+        if (kwds != NULL && (own = PyDict_Copy(kwds)) == NULL)                                    \
+            return NULL;                                                                          \
+        res = name##_impl(self, args, own);                                                       \
+        Py_XDECREF(own);                                                                          \
+        return res;                                                                               \
+    }
 
 /* ------------------------------------------------------------- operations */
 
@@ -761,7 +858,7 @@ static PyObject *c_create(ClientObject *self, PyObject *args, PyObject *kwds)
     return json_result(out);
 }
 
-static PyObject *c_list(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *c_list_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"prefix", "status", NULL};
     PyObject *prefix_o = Py_None, *status_o = Py_None;
@@ -781,7 +878,9 @@ static PyObject *c_list(ClientObject *self, PyObject *args, PyObject *kwds)
     return json_result(out);
 }
 
-static PyObject *c_resume(ClientObject *self, PyObject *args, PyObject *kwds)
+OWNED_KWDS(c_list)
+
+static PyObject *c_resume_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "wait", NULL};
     PyObject *id_o, *wait_o = Py_None;
@@ -801,7 +900,9 @@ static PyObject *c_resume(ClientObject *self, PyObject *args, PyObject *kwds)
     return json_result(out);
 }
 
-static PyObject *c_fork(ClientObject *self, PyObject *args, PyObject *kwds)
+OWNED_KWDS(c_resume)
+
+static PyObject *c_fork_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "spec", NULL};
     PyObject *id_o, *spec_o = Py_None;
@@ -825,6 +926,8 @@ static PyObject *c_fork(ClientObject *self, PyObject *args, PyObject *kwds)
         return NULL;
     return json_result(out);
 }
+
+OWNED_KWDS(c_fork)
 
 static PyObject *c_patch(ClientObject *self, PyObject *args)
 {
@@ -882,7 +985,7 @@ static PyObject *c_put_egress(ClientObject *self, PyObject *args)
     return json_result(out);
 }
 
-static PyObject *c_upload(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *c_upload_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "path", "data", "file", NULL};
     PyObject *id_o, *path_o, *data_o = Py_None, *file_o = Py_None, *fspath = NULL;
@@ -938,7 +1041,9 @@ done:
     return result;
 }
 
-static PyObject *c_download(ClientObject *self, PyObject *args, PyObject *kwds)
+OWNED_KWDS(c_upload)
+
+static PyObject *c_download_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "path", "max_bytes", NULL};
     PyObject *id_o, *path_o, *result;
@@ -966,6 +1071,8 @@ static PyObject *c_download(ClientObject *self, PyObject *args, PyObject *kwds)
     return result;
 }
 
+OWNED_KWDS(c_download)
+
 /* Shared by exec and run_program: everything the exec request needs. */
 typedef struct {
     cos_exec_args a;
@@ -990,9 +1097,11 @@ static int parse_exec_common(exec_params *p, PyObject *cmd_o, PyObject *args_o, 
         }
         if ((p->a.stdin_data = PyUnicode_AsUTF8AndSize(stdin_o, &n)) == NULL)
             return -1;
+        p->a.stdin_len = (size_t)n; /* NUL bytes included */
     }
-    if (max_output < 0) {
-        PyErr_SetString(PyExc_ValueError, "max_output_bytes must be >= 0");
+    if (max_output < 0 || (size_t)max_output > COS_MAX_OUTPUT_LIMIT) {
+        PyErr_Format(PyExc_ValueError, "max_output_bytes must be between 0 and %zu (1 GiB)",
+                     COS_MAX_OUTPUT_LIMIT);
         return -1;
     }
     if (on_output != NULL && on_output != Py_None && !PyCallable_Check(on_output)) {
@@ -1030,7 +1139,7 @@ static PyObject *finish_exec(ClientObject *self, exec_params *p, cos_exec_out *x
     return make_result(state_of((PyObject *)self), xo, sid);
 }
 
-static PyObject *c_exec(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *c_exec_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "cmd", "args", "stdin", "env", "timeout", "max_output_bytes",
                          "stream", "on_output", NULL};
@@ -1066,7 +1175,9 @@ done:
     return result;
 }
 
-static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwds)
+OWNED_KWDS(c_exec)
+
+static PyObject *c_run_program_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"create", "cmd", "args", "files", "stdin", "timeout", "max_output_bytes",
                          "on_output", "delete", "sandbox_id", "env", NULL};
@@ -1107,15 +1218,22 @@ static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwd
         }
     }
     if (files_o != NULL) {
-        if ((files_fast = PySequence_Fast(files_o, "files must be a sequence of (path, bytes)")) == NULL)
+        /* a tuple we own: it holds every (path, data) pair, and each pair
+         * (immutable) its str and bytes, for the whole call; the caller's own
+         * list may be cleared by another thread while the GIL is released */
+        if (PyUnicode_Check(files_o) || PyBytes_Check(files_o) || PyByteArray_Check(files_o)) {
+            PyErr_SetString(PyExc_TypeError, "files must be a sequence of (path: str, data: bytes)");
             goto done;
-        nfiles = PySequence_Fast_GET_SIZE(files_fast);
+        }
+        if ((files_fast = PySequence_Tuple(files_o)) == NULL)
+            goto done;
+        nfiles = PyTuple_GET_SIZE(files_fast);
         if (nfiles > 0 && (files = PyMem_Calloc((size_t)nfiles, sizeof *files)) == NULL) {
             PyErr_NoMemory();
             goto done;
         }
         for (i = 0; i < nfiles; i++) {
-            PyObject *item = PySequence_Fast_GET_ITEM(files_fast, i);
+            PyObject *item = PyTuple_GET_ITEM(files_fast, i);
             char *data;
             Py_ssize_t len;
             if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
@@ -1126,7 +1244,8 @@ static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwd
             if ((files[i].path = arg_cstr(PyTuple_GET_ITEM(item, 0), "file path", 4096)) == NULL)
                 goto done;
             /* bytes are immutable and files_fast keeps them alive without the GIL */
-            PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), &data, &len);
+            if (PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), &data, &len) < 0)
+                goto done;
             files[i].data = data;
             files[i].len = (size_t)len;
         }
@@ -1154,6 +1273,8 @@ done:
     Py_XDECREF(files_fast);
     return result;
 }
+
+OWNED_KWDS(c_run_program)
 
 static PyObject *c_drain_deletes(ClientObject *self, PyObject *args, PyObject *kwds)
 {

@@ -750,7 +750,7 @@ static int exec_request(cos_ctx *c, const char *id, const cos_exec_args *a, int 
     if (b != NULL &&
         json_object_set_new(b, "cmd", json_string(a->cmd)) == 0 &&
         json_object_set_new(b, "args", a->args ? json_incref(a->args) : json_array()) == 0 &&
-        (!a->stdin_data || json_object_set_new(b, "stdin", json_string(a->stdin_data)) == 0) &&
+        (!a->stdin_data || json_object_set_new(b, "stdin", json_stringn(a->stdin_data, a->stdin_len)) == 0) &&
         (!a->env || json_object_set_new(b, "env", json_incref(a->env)) == 0) &&
         (!stream || json_object_set_new(b, "stream", json_true()) == 0))
         text = json_dumps(b, JSON_COMPACT);

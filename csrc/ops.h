@@ -11,6 +11,9 @@
 #include "envelope.h"
 
 #define COS_DEFAULT_MAX_OUTPUT ((size_t)16 << 20)
+/* The largest max_output_bytes accepted: 1 GiB per stream. The buffered
+ * exec's body cap (4x plus 1 MiB, for JSON escapes) stays far from wrapping. */
+#define COS_MAX_OUTPUT_LIMIT ((size_t)1 << 30)
 #define COS_SLICE_MS 100.0
 
 /* Return non-zero to stop the call (the binding then has an error pending).
@@ -30,7 +33,8 @@ typedef struct cos_ctx {
 typedef struct cos_exec_args {
     const char *cmd;
     json_t *args;        /* array of strings, or NULL */
-    const char *stdin_data; /* NULL: none */
+    const char *stdin_data; /* NULL: none; may hold NUL bytes */
+    size_t stdin_len;
     json_t *env;         /* object of strings, or NULL */
     long timeout_ms;
     int stream;
