@@ -810,6 +810,15 @@ static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long 
             cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: HTTP %ld: %s", r->meta.status,
                         r->nd.errmsg);
             c->err->status = r->meta.status;
+        } else if (!xo->has_exit) {
+            /* a clean end without the terminal frame: the agent died, or a
+             * proxy cut the stream on a frame boundary; never "exit code -1" */
+            cos_err_set(c->err, COS_E_PROTOCOL,
+                        "exec failed: HTTP %ld: the stream ended without an exit_code frame "
+                        "(the guest agent may have crashed; %zu frames received)",
+                        r->meta.status, xo->frames);
+            cos_strlcpy(c->err->code, "no_exit_frame", sizeof c->err->code);
+            c->err->status = r->meta.status;
         } else {
             xo->streamed = 1;
             rc = 0;
@@ -864,6 +873,11 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
     pthread_mutex_lock(&xo->mu);
     rc = cos_exec_result_parse(op, data, xo, c->err);
     pthread_mutex_unlock(&xo->mu);
+    if (rc == 0 && !xo->has_exit) {
+        cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: the result has no exit_code");
+        cos_strlcpy(c->err->code, "no_exit_frame", sizeof c->err->code);
+        rc = -1;
+    }
 done:
     json_decref(data);
     if (r)
