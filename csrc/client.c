@@ -577,7 +577,7 @@ static void free_cfg(cos_cfg *cfg)
 {
     free(cfg->base);
     if (cfg->key) {
-        memset(cfg->key, 0, strlen(cfg->key));
+        cos_wipe(cfg->key, strlen(cfg->key));
         free(cfg->key);
     }
     free(cfg->user_agent);
@@ -661,6 +661,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
     self->cfg.key = strdup(key);
     self->cfg.user_agent = strdup(ua);
     self->cfg.ca_file = ca && ca[0] ? strdup(ca) : NULL;
+    self->cfg.plain_http = strncmp(self->cfg.base, "http://", 7) == 0;
     self->cfg.connect_ms = connect_ms;
     self->cfg.control_ms = control_ms;
     if (!self->cfg.key || !self->cfg.user_agent || (ca && ca[0] && !self->cfg.ca_file)) {

@@ -92,11 +92,16 @@ static size_t header_cb(char *line, size_t size, size_t nitems, void *ud)
     size_t vn;
 
     if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
-        /* a new response (after a 100 Continue, say): forget the last one */
-        const char *sp = memchr(line, ' ', n);
+        /* a new response (after a 100 Continue, say): forget the last one.
+         * The line is not NUL-terminated: parse a bounded copy. */
+        char status[64];
+        set_header_value(status, sizeof status, line, n);
         memset(&r->meta, 0, sizeof r->meta);
-        if (sp != NULL)
-            r->meta.status = strtol(sp + 1, NULL, 10);
+        {
+            const char *sp = strchr(status, ' ');
+            if (sp != NULL)
+                r->meta.status = strtol(sp + 1, NULL, 10);
+        }
         return n;
     }
     if (header_is(line, n, "X-Request-Id", &v, &vn)) {
@@ -207,17 +212,34 @@ static int frame_cb(void *ud, cos_frame_kind kind, const char *data, size_t len,
     return 0;
 }
 
-static int add_header(struct curl_slist **list, const char *name, const char *value)
+/* Append one line; on failure the list is left as it was (and freed by its owner). */
+static int add_line(struct curl_slist **list, const char *line)
 {
-    char line[1024];
-    struct curl_slist *n;
-    if ((size_t)snprintf(line, sizeof line, "%s: %s", name, value) >= sizeof line)
-        return -1;
-    n = curl_slist_append(*list, line);
+    struct curl_slist *n = curl_slist_append(*list, line);
     if (n == NULL)
         return -1;
     *list = n;
     return 0;
+}
+
+static int add_header(struct curl_slist **list, const char *name, const char *value)
+{
+    char line[1024];
+    int rc = -1;
+    if ((size_t)snprintf(line, sizeof line, "%s: %s", name, value) < sizeof line)
+        rc = add_line(list, line);
+    cos_wipe(line, sizeof line); /* it may hold the key */
+    return rc;
+}
+
+/* The header lines hold the key: wipe them before they go back to the allocator. */
+static void free_headers(struct curl_slist *list)
+{
+    struct curl_slist *n;
+    for (n = list; n != NULL; n = n->next)
+        if (n->data != NULL)
+            cos_wipe(n->data, strlen(n->data));
+    curl_slist_free_all(list);
 }
 
 cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_req_spec *spec,
@@ -251,8 +273,8 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     if (add_header(&r->headers, "X-Api-Key", cfg->key) < 0 ||
         add_header(&r->headers, "Accept", spec->accept ? spec->accept : "application/json") < 0 ||
         (spec->content_type ? add_header(&r->headers, "Content-Type", spec->content_type)
-                            : (r->headers = curl_slist_append(r->headers, "Content-Type:")) == NULL) ||
-        (r->headers = curl_slist_append(r->headers, "Expect:")) == NULL)
+                            : add_line(&r->headers, "Content-Type:")) < 0 ||
+        add_line(&r->headers, "Expect:") < 0)
         goto nomem;
 
     c |= curl_easy_setopt(easy, CURLOPT_URL, r->url);
@@ -272,6 +294,14 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     c |= curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
     c |= curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
+    /* The key never crosses a proxy in clear: plain http (loopback only) goes
+     * direct whatever http_proxy/ALL_PROXY say (the empty string disables the
+     * environment's proxies). https honours them: CONNECT keeps TLS end to end. */
+    if (cfg->plain_http)
+        c |= curl_easy_setopt(easy, CURLOPT_PROXY, "");
+    /* a stuck resolver thread is abandoned, not joined: the I/O thread never
+     * waits for getaddrinfo past a deadline or a cancel */
+    c |= curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
     if (cfg->ca_file != NULL)
@@ -324,7 +354,7 @@ CURL *cos_req_free(cos_req *r)
     if (r == NULL)
         return NULL;
     easy = r->easy;
-    curl_slist_free_all(r->headers);
+    free_headers(r->headers);
     free(r->url);
     cos_buf_free(&r->body);
     if (r->mode == COS_RESP_STREAM)

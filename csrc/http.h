@@ -18,6 +18,7 @@ typedef struct cos_cfg {
     char *ca_file; /* SSL_CERT_FILE / CURL_CA_BUNDLE when set, else NULL */
     long connect_ms;
     long control_ms;
+    int plain_http; /* http:// (loopback only): never through a proxy */
 } cos_cfg;
 
 typedef enum {

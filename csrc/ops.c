@@ -117,8 +117,8 @@ int cos_check_key(const char *key, cos_err *err)
         cos_err_set(err, COS_E_CONFIG, "the API key is empty (set CREATEOS_SANDBOX_API_KEY)");
         return -1;
     }
-    if (strlen(key) > 512) {
-        cos_err_set(err, COS_E_CONFIG, "the API key is longer than 512 characters");
+    if (strlen(key) > COS_KEY_MAX) {
+        cos_err_set(err, COS_E_CONFIG, "the API key is longer than %d characters", COS_KEY_MAX);
         return -1;
     }
     for (p = (const unsigned char *)key; *p; p++) {
