@@ -146,16 +146,18 @@ static size_t write_cb(char *data, size_t size, size_t nmemb, void *ud)
         return n;
     }
     if (r->mode == COS_RESP_STREAM) {
-        int rc;
-        pthread_mutex_lock(&r->xo->mu);
-        rc = cos_ndjson_feed(&r->nd, data, n);
-        pthread_mutex_unlock(&r->xo->mu);
-        if (r->notify_output) {
-            pthread_mutex_lock(&r->mu);
-            r->progress = 1;
-            pthread_cond_signal(&r->cv);
-            pthread_mutex_unlock(&r->mu);
+        int rc = COS_ND_STOPPED;
+        pthread_mutex_lock(&r->mu);
+        if (!r->abandoned) {
+            pthread_mutex_lock(&r->xo->mu);
+            rc = cos_ndjson_feed(&r->nd, data, n);
+            pthread_mutex_unlock(&r->xo->mu);
+            if (r->notify_output) {
+                r->progress = 1;
+                pthread_cond_signal(&r->cv);
+            }
         }
+        pthread_mutex_unlock(&r->mu);
         if (rc != COS_ND_OK) {
             r->nd_rc = rc;
             return 0;
@@ -173,13 +175,46 @@ static size_t write_cb(char *data, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
+/* The PUT body, from the caller's file or memory. */
 static size_t read_cb(char *buf, size_t size, size_t nitems, void *ud)
 {
     cos_req *r = ud;
-    size_t got = fread(buf, 1, size * nitems, r->upload);
-    if (got == 0 && ferror(r->upload))
-        return CURL_READFUNC_ABORT;
+    size_t want = size * nitems, got = CURL_READFUNC_ABORT;
+    pthread_mutex_lock(&r->mu);
+    if (r->abandoned) {
+        /* the owner is gone, and its memory with it */
+    } else if (r->upload != NULL) {
+        got = fread(buf, 1, want, r->upload);
+        if (got == 0 && ferror(r->upload))
+            got = CURL_READFUNC_ABORT;
+    } else {
+        curl_off_t left = r->upload_size - r->upload_pos;
+        got = (curl_off_t)want < left ? want : (size_t)left;
+        memcpy(buf, r->upload_mem + r->upload_pos, got);
+        r->upload_pos += (curl_off_t)got;
+    }
+    pthread_mutex_unlock(&r->mu);
     return got;
+}
+
+/* libcurl rewinds the body to send it again (a reused connection that died). */
+static int seek_cb(void *ud, curl_off_t offset, int origin)
+{
+    cos_req *r = ud;
+    int rc = CURL_SEEKFUNC_CANTSEEK;
+    if (origin != SEEK_SET || offset < 0 || offset > r->upload_size)
+        return rc;
+    pthread_mutex_lock(&r->mu);
+    if (r->abandoned) {
+        rc = CURL_SEEKFUNC_FAIL;
+    } else if (r->upload != NULL) {
+        rc = fseeko(r->upload, (off_t)offset, SEEK_SET) == 0 ? CURL_SEEKFUNC_OK : CURL_SEEKFUNC_FAIL;
+    } else {
+        r->upload_pos = offset;
+        rc = CURL_SEEKFUNC_OK;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 static int xferinfo_cb(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
@@ -257,6 +292,8 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     r->body_cap = spec->body_cap;
     r->timeout_ms = spec->timeout_ms;
     r->upload = spec->upload;
+    r->upload_mem = spec->upload_mem;
+    r->upload_size = spec->upload_size;
     r->xo = spec->xo;
     r->notify_output = spec->notify_output;
     pthread_mutex_init(&r->mu, NULL);
@@ -317,10 +354,12 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     c |= curl_easy_setopt(easy, CURLOPT_XFERINFOFUNCTION, xferinfo_cb);
     c |= curl_easy_setopt(easy, CURLOPT_XFERINFODATA, r);
 
-    if (spec->upload != NULL) {
+    if (spec->upload != NULL || spec->upload_mem != NULL) {
         c |= curl_easy_setopt(easy, CURLOPT_UPLOAD, 1L);
         c |= curl_easy_setopt(easy, CURLOPT_READFUNCTION, read_cb);
         c |= curl_easy_setopt(easy, CURLOPT_READDATA, r);
+        c |= curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, seek_cb);
+        c |= curl_easy_setopt(easy, CURLOPT_SEEKDATA, r);
         c |= curl_easy_setopt(easy, CURLOPT_INFILESIZE_LARGE, spec->upload_size);
         c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
     } else if (strcmp(spec->method, "GET") == 0) {
@@ -328,8 +367,9 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     } else if (strcmp(spec->method, "DELETE") == 0 && spec->body == NULL) {
         c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "DELETE");
     } else {
+        /* copied: nothing the request sends is the caller's memory */
         c |= curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
-        c |= curl_easy_setopt(easy, CURLOPT_POSTFIELDS, spec->body ? spec->body : "");
+        c |= curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, spec->body ? spec->body : "");
         c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
     }
     if (c != CURLE_OK) {

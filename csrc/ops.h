@@ -15,6 +15,9 @@
  * exec's body cap (4x plus 1 MiB, for JSON escapes) stays far from wrapping. */
 #define COS_MAX_OUTPUT_LIMIT ((size_t)1 << 30)
 #define COS_SLICE_MS 100.0
+/* How long a caller waits for the I/O thread to drop a cancelled request
+ * before it abandons the request to the engine and returns. */
+#define COS_CANCEL_GRACE_MS 2000.0
 
 /* Return non-zero to stop the call (the binding then has an error pending).
  * xo is the live exec output, or NULL. */
