@@ -1,9 +1,9 @@
-/* The Python-facing Client and ExecResult types: argument parsing, JSON
- * conversion, GIL release around every network wait, delivery of streamed
- * output on the calling thread. */
+/* The Client type: argument parsing, GIL release around every network wait,
+ * delivery of streamed output on the calling thread. The model is CPython's
+ * Modules/_sqlite, one file per type: ExecResult is in execresult.c, the
+ * Python <-> JSON conversion in pyjson.c. */
 #include "module.h"
 
-#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <structmember.h>
@@ -11,390 +11,6 @@
 #include <unistd.h>
 
 #include "ops.h"
-
-/* ================================================================ ExecResult */
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *stdout_;
-    PyObject *stderr_;
-    PyObject *exit_code;
-    PyObject *error;
-    PyObject *exec_ms;
-    PyObject *stdout_truncated;
-    PyObject *stderr_truncated;
-    PyObject *streamed;
-    PyObject *sandbox_id;
-    PyObject *timed_out;
-} ExecResultObject;
-
-#define ER_FIELDS(X)                                                                              \
-    X(stdout_, "stdout")                                                                          \
-    X(stderr_, "stderr")                                                                          \
-    X(exit_code, "exit_code")                                                                     \
-    X(error, "error")                                                                             \
-    X(exec_ms, "exec_ms")                                                                         \
-    X(stdout_truncated, "stdout_truncated")                                                       \
-    X(stderr_truncated, "stderr_truncated")                                                       \
-    X(streamed, "streamed")                                                                       \
-    X(sandbox_id, "sandbox_id")                                                                   \
-    X(timed_out, "timed_out")
-
-static PyMemberDef er_members[] = {
-#define X(field, name) {name, T_OBJECT, offsetof(ExecResultObject, field), READONLY, NULL},
-    ER_FIELDS(X)
-#undef X
-    {NULL, 0, 0, 0, NULL},
-};
-
-/* error, exec_ms and sandbox_id may be any object when built from Python:
- * the type takes part in garbage collection. */
-static int er_traverse(ExecResultObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self));
-#define X(field, name) Py_VISIT(self->field);
-    ER_FIELDS(X)
-#undef X
-    return 0;
-}
-
-static int er_clear(ExecResultObject *self)
-{
-#define X(field, name) Py_CLEAR(self->field);
-    ER_FIELDS(X)
-#undef X
-    return 0;
-}
-
-static void er_dealloc(ExecResultObject *self)
-{
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    er_clear(self);
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
-}
-
-/* ExecResult(**fields): also constructible from Python, for tests and fakes. */
-static PyObject *er_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
-{
-    static char *kw[] = {"stdout", "stderr", "exit_code", "error", "exec_ms", "stdout_truncated",
-                         "stderr_truncated", "streamed", "sandbox_id", "timed_out", NULL};
-    PyObject *so = NULL, *se = NULL, *error = Py_None, *exec_ms = Py_None, *sid = Py_None;
-    int exit_code = -1, sot = 0, set = 0, streamed = 0, timed_out = 0;
-    ExecResultObject *self;
-
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$UUiOOpppOp", kw, &so, &se, &exit_code, &error,
-                                     &exec_ms, &sot, &set, &streamed, &sid, &timed_out))
-        return NULL;
-    (void)sid;
-    self = (ExecResultObject *)tp->tp_alloc(tp, 0);
-    if (self == NULL)
-        return NULL;
-    self->stdout_ = so ? Py_NewRef(so) : PyUnicode_FromString("");
-    self->stderr_ = se ? Py_NewRef(se) : PyUnicode_FromString("");
-    self->exit_code = PyLong_FromLong(exit_code);
-    self->error = Py_NewRef(error);
-    self->exec_ms = Py_NewRef(exec_ms);
-    self->stdout_truncated = PyBool_FromLong(sot);
-    self->stderr_truncated = PyBool_FromLong(set);
-    self->streamed = PyBool_FromLong(streamed);
-    self->sandbox_id = Py_NewRef(sid ? sid : Py_None);
-    self->timed_out = PyBool_FromLong(timed_out);
-    if (!self->stdout_ || !self->stderr_ || !self->exit_code) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    return (PyObject *)self;
-}
-
-static PyObject *er_repr(ExecResultObject *self)
-{
-    return PyUnicode_FromFormat(
-        "ExecResult(exit_code=%R, stdout=<%zd chars%s>, stderr=<%zd chars%s>, error=%R, "
-        "streamed=%R, timed_out=%R, sandbox_id=%R)",
-        self->exit_code, PyUnicode_GET_LENGTH(self->stdout_),
-        self->stdout_truncated == Py_True ? ", truncated" : "", PyUnicode_GET_LENGTH(self->stderr_),
-        self->stderr_truncated == Py_True ? ", truncated" : "", self->error, self->streamed,
-        self->timed_out, self->sandbox_id);
-}
-
-static PyType_Slot er_slots[] = {
-    {Py_tp_dealloc, er_dealloc},
-    {Py_tp_traverse, er_traverse},
-    {Py_tp_clear, er_clear},
-    {Py_tp_new, er_new},
-    {Py_tp_repr, er_repr},
-    {Py_tp_members, er_members},
-    {Py_tp_doc, "The outcome of one exec: output (capped), exit code, and how it ended."},
-    {0, NULL},
-};
-
-static PyType_Spec er_spec = {
-    .name = "langflow_sandbox_createos._createos.ExecResult",
-    .basicsize = sizeof(ExecResultObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
-    .slots = er_slots,
-};
-
-static PyObject *decode(const char *s, size_t n)
-{
-    return PyUnicode_DecodeUTF8(s ? s : "", (Py_ssize_t)n, "replace");
-}
-
-static PyObject *make_result(cos_state *st, cos_exec_out *x, const char *sandbox_id)
-{
-    ExecResultObject *r = (ExecResultObject *)st->ExecResultType->tp_alloc(st->ExecResultType, 0);
-    if (r == NULL)
-        return NULL;
-    r->stdout_ = decode(x->out[0].data, x->out[0].len);
-    r->stderr_ = decode(x->out[1].data, x->out[1].len);
-    r->exit_code = PyLong_FromLongLong(x->has_exit ? x->exit_code : -1);
-    r->error = x->error ? decode(x->error, x->error_len) : Py_NewRef(Py_None);
-    r->exec_ms = x->has_exec_ms ? PyFloat_FromDouble(x->exec_ms) : Py_NewRef(Py_None);
-    r->stdout_truncated = PyBool_FromLong(x->out[0].truncated);
-    r->stderr_truncated = PyBool_FromLong(x->out[1].truncated);
-    r->streamed = PyBool_FromLong(x->streamed);
-    r->sandbox_id = sandbox_id && sandbox_id[0] ? decode(sandbox_id, strlen(sandbox_id)) : Py_NewRef(Py_None);
-    r->timed_out = PyBool_FromLong(x->timed_out);
-    if (!r->stdout_ || !r->stderr_ || !r->exit_code || !r->error || !r->exec_ms || !r->sandbox_id) {
-        Py_DECREF(r);
-        return NULL;
-    }
-    return (PyObject *)r;
-}
-
-/* ==================================================================== JSON */
-
-static PyObject *json_to_py(json_t *j)
-{
-    PyObject *out = NULL, *v;
-    const char *k;
-    size_t klen;
-    json_t *jv;
-    size_t i;
-
-    switch (json_typeof(j)) {
-    case JSON_OBJECT:
-        if ((out = PyDict_New()) == NULL)
-            return NULL;
-        /* keys by length: a key may hold NUL (\u0000) */
-        json_object_keylen_foreach(j, k, klen, jv) {
-            PyObject *key = decode(k, klen);
-            int bad;
-            v = key ? json_to_py(jv) : NULL;
-            bad = v == NULL || PyDict_SetItem(out, key, v) < 0;
-            Py_XDECREF(key);
-            Py_XDECREF(v);
-            if (bad) {
-                Py_DECREF(out);
-                return NULL;
-            }
-        }
-        return out;
-    case JSON_ARRAY:
-        if ((out = PyList_New((Py_ssize_t)json_array_size(j))) == NULL)
-            return NULL;
-        json_array_foreach(j, i, jv) {
-            if ((v = json_to_py(jv)) == NULL) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            PyList_SET_ITEM(out, (Py_ssize_t)i, v);
-        }
-        return out;
-    case JSON_STRING:
-        return decode(json_string_value(j), json_string_length(j));
-    case JSON_INTEGER:
-        return PyLong_FromLongLong(json_integer_value(j));
-    case JSON_REAL:
-        return PyFloat_FromDouble(json_real_value(j));
-    case JSON_TRUE:
-        Py_RETURN_TRUE;
-    case JSON_FALSE:
-        Py_RETURN_FALSE;
-    default:
-        Py_RETURN_NONE;
-    }
-}
-
-static json_t *py_to_json(PyObject *o, int depth);
-
-/* A mapping -> JSON object. items() is user code: whatever it returns is
- * snapshotted into a tuple we own (nested conversions run more user code that
- * may mutate the list it returned), and every item must be a (str, value) pair. */
-static json_t *mapping_to_json(PyObject *o, int depth)
-{
-    PyObject *items = PyMapping_Items(o), *snap = NULL;
-    json_t *out = NULL;
-    Py_ssize_t i, n;
-
-    if (items == NULL)
-        goto error;
-    if ((snap = PySequence_Tuple(items)) == NULL)
-        goto error;
-    if ((out = json_object()) == NULL) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    n = PyTuple_GET_SIZE(snap);
-    for (i = 0; i < n; i++) {
-        PyObject *kv = PyTuple_GET_ITEM(snap, i), *key;
-        const char *ks;
-        Py_ssize_t klen;
-        json_t *v;
-        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2) {
-            PyErr_Format(PyExc_TypeError,
-                         "%.100s.items() must yield (key, value) pairs, got %.100s",
-                         Py_TYPE(o)->tp_name, Py_TYPE(kv)->tp_name);
-            goto error;
-        }
-        key = PyTuple_GET_ITEM(kv, 0);
-        if (!PyUnicode_Check(key)) {
-            PyErr_SetString(PyExc_TypeError, "JSON object keys must be str");
-            goto error;
-        }
-        if ((ks = PyUnicode_AsUTF8AndSize(key, &klen)) == NULL ||
-            (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
-            goto error;
-        if (json_object_setn_new(out, ks, (size_t)klen, v) < 0) {
-            PyErr_SetString(PyExc_ValueError, "invalid JSON object key");
-            goto error;
-        }
-    }
-    Py_DECREF(items);
-    Py_DECREF(snap);
-    return out;
-error:
-    Py_XDECREF(items);
-    Py_XDECREF(snap);
-    json_decref(out);
-    return NULL;
-}
-
-/* A sequence -> JSON array, from a tuple snapshot (a list may be mutated by
- * the user code that nested conversions run). */
-static json_t *sequence_to_json(PyObject *o, int depth)
-{
-    PyObject *snap = PySequence_Tuple(o);
-    json_t *out = NULL;
-    Py_ssize_t i, n;
-
-    if (snap == NULL)
-        return NULL;
-    if ((out = json_array()) == NULL) {
-        PyErr_NoMemory();
-        goto error;
-    }
-    n = PyTuple_GET_SIZE(snap);
-    for (i = 0; i < n; i++) {
-        json_t *v = py_to_json(PyTuple_GET_ITEM(snap, i), depth + 1);
-        if (v == NULL)
-            goto error;
-        if (json_array_append_new(out, v) < 0) {
-            PyErr_NoMemory();
-            goto error;
-        }
-    }
-    Py_DECREF(snap);
-    return out;
-error:
-    Py_DECREF(snap);
-    json_decref(out);
-    return NULL;
-}
-
-/* Python value -> new jansson value; NULL with a Python exception. */
-static json_t *py_to_json(PyObject *o, int depth)
-{
-    json_t *out = NULL;
-    Py_ssize_t n;
-
-    if (depth > 64) {
-        PyErr_SetString(PyExc_ValueError, "JSON value nested too deeply");
-        return NULL;
-    }
-    if (o == Py_None)
-        return json_null();
-    if (PyBool_Check(o))
-        return json_boolean(o == Py_True);
-    if (PyLong_Check(o)) {
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-        if (v == -1 && PyErr_Occurred())
-            return NULL;
-        if (overflow) {
-            PyErr_SetString(PyExc_ValueError, "integer out of the JSON range (64-bit signed)");
-            return NULL;
-        }
-        return json_integer(v);
-    }
-    if (PyFloat_Check(o)) {
-        double d = PyFloat_AS_DOUBLE(o);
-        if (!isfinite(d)) {
-            PyErr_SetString(PyExc_ValueError, "NaN and infinity are not JSON");
-            return NULL;
-        }
-        return json_real(d);
-    }
-    if (PyUnicode_Check(o)) {
-        const char *s = PyUnicode_AsUTF8AndSize(o, &n);
-        if (s == NULL)
-            return NULL;
-        out = json_stringn(s, (size_t)n);
-        if (out == NULL)
-            PyErr_SetString(PyExc_ValueError, "value cannot be encoded as JSON");
-        return out;
-    }
-    if (PyDict_Check(o) || (PyMapping_Check(o) && !PySequence_Check(o)))
-        return mapping_to_json(o, depth);
-    if (PyList_Check(o) || PyTuple_Check(o) ||
-        (PySequence_Check(o) && !PyBytes_Check(o) && !PyByteArray_Check(o)))
-        return sequence_to_json(o, depth);
-    PyErr_Format(PyExc_TypeError, "%.100s is not JSON-serializable", Py_TYPE(o)->tp_name);
-    return NULL;
-}
-
-/* A JSON value of the given kind, or NULL (obj None) — error when *ok is 0. */
-static json_t *arg_json(PyObject *o, int want_object, const char *what, int *ok)
-{
-    json_t *j;
-    *ok = 1;
-    if (o == NULL || o == Py_None)
-        return NULL;
-    j = py_to_json(o, 0);
-    if (j == NULL) {
-        *ok = 0;
-        return NULL;
-    }
-    if (want_object ? !json_is_object(j) : !json_is_array(j)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a %s", what, want_object ? "mapping" : "sequence");
-        json_decref(j);
-        *ok = 0;
-        return NULL;
-    }
-    return j;
-}
-
-/* A list of strings, as a JSON array (args, egress rules). */
-static json_t *arg_str_list(PyObject *o, const char *what, int *ok)
-{
-    json_t *j = arg_json(o, 0, what, ok), *v;
-    size_t i;
-    if (j == NULL)
-        return NULL;
-    json_array_foreach(j, i, v) {
-        if (!json_is_string(v)) {
-            PyErr_Format(PyExc_TypeError, "%s must contain only str", what);
-            json_decref(j);
-            *ok = 0;
-            return NULL;
-        }
-    }
-    return j;
-}
-
-/* ================================================================== Client */
 
 typedef struct {
     PyObject_HEAD
@@ -463,7 +79,7 @@ static int deliver(PyObject *on_output, cos_exec_out *xo)
         }
         if (data == NULL)
             continue;
-        text = decode(data, len);
+        text = cos_decode(data, len);
         free(data);
         if (text == NULL)
             return -1;
@@ -753,7 +369,7 @@ static PyObject *client_repr(ClientObject *self)
 
 static PyObject *json_result(json_t *j)
 {
-    PyObject *o = json_to_py(j);
+    PyObject *o = cos_json_to_py(j);
     json_decref(j);
     return o;
 }
@@ -840,7 +456,7 @@ static PyObject *c_create(ClientObject *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O", kw, &spec_o, &timeout_o) ||
         parse_timeout(timeout_o, "timeout", &timeout_ms, 1) < 0)
         return NULL;
-    spec = arg_json(spec_o, 1, "spec", &ok);
+    spec = cos_arg_json(spec_o, 1, "spec", &ok);
     if (!ok)
         return NULL;
     if (spec == NULL) {
@@ -913,7 +529,7 @@ static PyObject *c_fork_impl(ClientObject *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kw, &id_o, &spec_o) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
         return NULL;
-    spec = arg_json(spec_o, 1, "spec", &ok);
+    spec = cos_arg_json(spec_o, 1, "spec", &ok);
     if (!ok)
         return NULL;
     CALL_BEGIN(self, NULL);
@@ -939,7 +555,7 @@ static PyObject *c_patch(ClientObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO", &id_o, &fields_o) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
         return NULL;
-    fields = arg_json(fields_o, 1, "fields", &ok);
+    fields = cos_arg_json(fields_o, 1, "fields", &ok);
     if (!ok)
         return NULL;
     if (fields == NULL) {
@@ -971,7 +587,7 @@ static PyObject *c_put_egress(ClientObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "rules must be a sequence of str or None, not str");
         return NULL;
     }
-    rules = arg_str_list(rules_o, "rules", &ok);
+    rules = cos_arg_str_list(rules_o, "rules", &ok);
     if (!ok)
         return NULL;
     CALL_BEGIN(self, NULL);
@@ -1115,10 +731,10 @@ static int parse_exec_common(exec_params *p, PyObject *cmd_o, PyObject *args_o, 
     }
     p->max_output = max_output;
     p->on_output = on_output == Py_None ? NULL : on_output;
-    p->a.args = arg_str_list(args_o, "args", &ok);
+    p->a.args = cos_arg_str_list(args_o, "args", &ok);
     if (!ok)
         return -1;
-    p->a.env = arg_json(env_o, 1, "env", &ok);
+    p->a.env = cos_arg_json(env_o, 1, "env", &ok);
     if (!ok) {
         json_decref(p->a.args);
         return -1;
@@ -1137,7 +753,7 @@ static PyObject *finish_exec(ClientObject *self, exec_params *p, cos_exec_out *x
 {
     if (p->on_output != NULL && deliver(p->on_output, xo) < 0)
         return NULL;
-    return make_result(state_of((PyObject *)self), xo, sid);
+    return cos_make_result(state_of((PyObject *)self), xo, sid);
 }
 
 static PyObject *c_exec_impl(ClientObject *self, PyObject *args, PyObject *kwds)
@@ -1210,7 +826,7 @@ static PyObject *c_run_program_impl(ClientObject *self, PyObject *args, PyObject
     have_params = 1;
     p.a.stream = 1;
     if (adopt == NULL) {
-        spec = arg_json(create_o, 1, "create", &ok);
+        spec = cos_arg_json(create_o, 1, "create", &ok);
         if (!ok)
             goto done;
         if (spec == NULL) {
@@ -1453,8 +1069,7 @@ static PyType_Spec client_spec = {
 
 int cos_client_add_types(PyObject *module, cos_state *st)
 {
-    st->ExecResultType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &er_spec, NULL);
-    if (st->ExecResultType == NULL || PyModule_AddObjectRef(module, "ExecResult", (PyObject *)st->ExecResultType) < 0)
+    if (cos_execresult_add_type(module, st) < 0)
         return -1;
     st->ClientType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &client_spec, NULL);
     if (st->ClientType == NULL || PyModule_AddObjectRef(module, "Client", (PyObject *)st->ClientType) < 0)
