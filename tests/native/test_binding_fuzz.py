@@ -30,7 +30,17 @@ from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 E = _createos
 EXAMPLES = int(os.environ.get("BINDING_FUZZ_EXAMPLES", "400"))
-ALLOWED = (TypeError, ValueError, OverflowError, UnicodeError, RuntimeError, OSError, E.CreateOSError)
+# MemoryError: a __len__ that claims 2**40 items makes CPython preallocate for them
+ALLOWED = (
+    TypeError,
+    ValueError,
+    OverflowError,
+    UnicodeError,
+    RuntimeError,
+    OSError,
+    MemoryError,
+    E.CreateOSError,
+)
 
 
 # --- hostile objects ---------------------------------------------------------------------------
