@@ -14,7 +14,6 @@ without creating a guest.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import threading
@@ -27,6 +26,8 @@ from hypothesis import strategies as st
 
 from langflow_sandbox_createos import _createos
 from langflow_sandbox_createos.local.testing import LocalControlPlane
+
+from .heap import heap_in_use
 
 E = _createos
 EXAMPLES = int(os.environ.get("BINDING_FUZZ_EXAMPLES", "400"))
@@ -301,32 +302,6 @@ def test_hostile_arguments_never_crash(fuzz_client: E.Client, call: Callable[[An
 
 
 # --- leaks -------------------------------------------------------------------------------------
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def heap_in_use() -> int:
-    """Bytes malloc has handed out and not taken back (every arena; mmapped chunks too)."""
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = _Mallinfo2
-    info = libc.mallinfo2()
-    return int(info.uordblks + info.hblkhd)
 
 
 REPEAT_CALLS: list[Callable[[Any], Any]] = [

@@ -23,7 +23,6 @@ holds (pages of rows, a request) grows the heap in use by megabytes over these p
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import secrets
 import threading
@@ -31,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from native.heap import heap_in_use  # tests/ is on sys.path (rootdir without __init__.py)
 
 from langflow_sandbox_createos import runtime
 
@@ -43,30 +43,9 @@ WARMUP_PHASES = 2
 ALLOWED_MIB = 1.0
 
 
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
 def _heap_mib() -> float:
     """MiB malloc has handed out and not taken back (all arenas, mmapped chunks included)."""
-    libc = ctypes.CDLL(None)
-    libc.mallinfo2.restype = _Mallinfo2
-    info = libc.mallinfo2()
-    return (info.uordblks + info.hblkhd) / (1 << 20)
+    return heap_in_use() / (1 << 20)
 
 
 @pytest.fixture
