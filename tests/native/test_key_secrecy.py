@@ -69,7 +69,7 @@ def test_plain_http_never_goes_through_a_proxy(
     assert proxy.connections == 0 and cp.api_key.encode() not in proxy.received
 
 
-@pytest.mark.parametrize("length", [8, 100, 511, 512])
+@pytest.mark.parametrize("length", [8, 512])
 def test_reflected_key_is_redacted_at_every_accepted_length(length: int) -> None:
     # '/' and '"'-free printable ASCII, with characters JSON escapes ('/' as \/) mixed in
     alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/+-_"
