@@ -1,9 +1,9 @@
-/* The Python-facing Client and ExecResult types: argument parsing, JSON
- * conversion, GIL release around every network wait, delivery of streamed
- * output on the calling thread. */
+/* The Client type: argument parsing, GIL release around every network wait,
+ * delivery of streamed output on the calling thread. The model is CPython's
+ * Modules/_sqlite, one file per type: ExecResult is in execresult.c, the
+ * Python <-> JSON conversion in pyjson.c. */
 #include "module.h"
 
-#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <structmember.h>
@@ -12,322 +12,6 @@
 
 #include "ops.h"
 
-/* ================================================================ ExecResult */
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *stdout_;
-    PyObject *stderr_;
-    PyObject *exit_code;
-    PyObject *error;
-    PyObject *exec_ms;
-    PyObject *stdout_truncated;
-    PyObject *stderr_truncated;
-    PyObject *streamed;
-    PyObject *sandbox_id;
-    PyObject *timed_out;
-} ExecResultObject;
-
-#define ER_FIELDS(X)                                                                              \
-    X(stdout_, "stdout")                                                                          \
-    X(stderr_, "stderr")                                                                          \
-    X(exit_code, "exit_code")                                                                     \
-    X(error, "error")                                                                             \
-    X(exec_ms, "exec_ms")                                                                         \
-    X(stdout_truncated, "stdout_truncated")                                                       \
-    X(stderr_truncated, "stderr_truncated")                                                       \
-    X(streamed, "streamed")                                                                       \
-    X(sandbox_id, "sandbox_id")                                                                   \
-    X(timed_out, "timed_out")
-
-static PyMemberDef er_members[] = {
-#define X(field, name) {name, T_OBJECT, offsetof(ExecResultObject, field), READONLY, NULL},
-    ER_FIELDS(X)
-#undef X
-    {NULL, 0, 0, 0, NULL},
-};
-
-static void er_dealloc(ExecResultObject *self)
-{
-    PyTypeObject *tp = Py_TYPE(self);
-#define X(field, name) Py_CLEAR(self->field);
-    ER_FIELDS(X)
-#undef X
-    tp->tp_free((PyObject *)self);
-    Py_DECREF(tp);
-}
-
-/* ExecResult(**fields): also constructible from Python, for tests and fakes. */
-static PyObject *er_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
-{
-    static char *kw[] = {"stdout", "stderr", "exit_code", "error", "exec_ms", "stdout_truncated",
-                         "stderr_truncated", "streamed", "sandbox_id", "timed_out", NULL};
-    PyObject *so = NULL, *se = NULL, *error = Py_None, *exec_ms = Py_None, *sid = Py_None;
-    int exit_code = -1, sot = 0, set = 0, streamed = 0, timed_out = 0;
-    ExecResultObject *self;
-
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$UUiOOpppOp", kw, &so, &se, &exit_code, &error,
-                                     &exec_ms, &sot, &set, &streamed, &sid, &timed_out))
-        return NULL;
-    (void)sid;
-    self = (ExecResultObject *)tp->tp_alloc(tp, 0);
-    if (self == NULL)
-        return NULL;
-    self->stdout_ = so ? Py_NewRef(so) : PyUnicode_FromString("");
-    self->stderr_ = se ? Py_NewRef(se) : PyUnicode_FromString("");
-    self->exit_code = PyLong_FromLong(exit_code);
-    self->error = Py_NewRef(error);
-    self->exec_ms = Py_NewRef(exec_ms);
-    self->stdout_truncated = PyBool_FromLong(sot);
-    self->stderr_truncated = PyBool_FromLong(set);
-    self->streamed = PyBool_FromLong(streamed);
-    self->sandbox_id = Py_NewRef(sid ? sid : Py_None);
-    self->timed_out = PyBool_FromLong(timed_out);
-    if (!self->stdout_ || !self->stderr_ || !self->exit_code) {
-        Py_DECREF(self);
-        return NULL;
-    }
-    return (PyObject *)self;
-}
-
-static PyObject *er_repr(ExecResultObject *self)
-{
-    return PyUnicode_FromFormat(
-        "ExecResult(exit_code=%R, stdout=<%zd chars%s>, stderr=<%zd chars%s>, error=%R, "
-        "streamed=%R, timed_out=%R, sandbox_id=%R)",
-        self->exit_code, PyUnicode_GET_LENGTH(self->stdout_),
-        self->stdout_truncated == Py_True ? ", truncated" : "", PyUnicode_GET_LENGTH(self->stderr_),
-        self->stderr_truncated == Py_True ? ", truncated" : "", self->error, self->streamed,
-        self->timed_out, self->sandbox_id);
-}
-
-static PyType_Slot er_slots[] = {
-    {Py_tp_dealloc, er_dealloc},
-    {Py_tp_new, er_new},
-    {Py_tp_repr, er_repr},
-    {Py_tp_members, er_members},
-    {Py_tp_doc, "The outcome of one exec: output (capped), exit code, and how it ended."},
-    {0, NULL},
-};
-
-static PyType_Spec er_spec = {
-    .name = "langflow_sandbox_createos._createos.ExecResult",
-    .basicsize = sizeof(ExecResultObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE,
-    .slots = er_slots,
-};
-
-static PyObject *decode(const char *s, size_t n)
-{
-    return PyUnicode_DecodeUTF8(s ? s : "", (Py_ssize_t)n, "replace");
-}
-
-static PyObject *make_result(cos_state *st, cos_exec_out *x, const char *sandbox_id)
-{
-    ExecResultObject *r = PyObject_New(ExecResultObject, st->ExecResultType);
-    if (r == NULL)
-        return NULL;
-    r->stdout_ = decode(x->out[0].data, x->out[0].len);
-    r->stderr_ = decode(x->out[1].data, x->out[1].len);
-    r->exit_code = PyLong_FromLongLong(x->has_exit ? x->exit_code : -1);
-    r->error = x->error ? decode(x->error, x->error_len) : Py_NewRef(Py_None);
-    r->exec_ms = x->has_exec_ms ? PyFloat_FromDouble(x->exec_ms) : Py_NewRef(Py_None);
-    r->stdout_truncated = PyBool_FromLong(x->out[0].truncated);
-    r->stderr_truncated = PyBool_FromLong(x->out[1].truncated);
-    r->streamed = PyBool_FromLong(x->streamed);
-    r->sandbox_id = sandbox_id && sandbox_id[0] ? decode(sandbox_id, strlen(sandbox_id)) : Py_NewRef(Py_None);
-    r->timed_out = PyBool_FromLong(x->timed_out);
-    if (!r->stdout_ || !r->stderr_ || !r->exit_code || !r->error || !r->exec_ms || !r->sandbox_id) {
-        Py_DECREF(r);
-        return NULL;
-    }
-    return (PyObject *)r;
-}
-
-/* ==================================================================== JSON */
-
-static PyObject *json_to_py(json_t *j)
-{
-    PyObject *out = NULL, *v;
-    const char *k;
-    json_t *jv;
-    size_t i;
-
-    switch (json_typeof(j)) {
-    case JSON_OBJECT:
-        if ((out = PyDict_New()) == NULL)
-            return NULL;
-        json_object_foreach(j, k, jv) {
-            PyObject *key = decode(k, strlen(k));
-            int bad;
-            v = key ? json_to_py(jv) : NULL;
-            bad = v == NULL || PyDict_SetItem(out, key, v) < 0;
-            Py_XDECREF(key);
-            Py_XDECREF(v);
-            if (bad) {
-                Py_DECREF(out);
-                return NULL;
-            }
-        }
-        return out;
-    case JSON_ARRAY:
-        if ((out = PyList_New((Py_ssize_t)json_array_size(j))) == NULL)
-            return NULL;
-        json_array_foreach(j, i, jv) {
-            if ((v = json_to_py(jv)) == NULL) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            PyList_SET_ITEM(out, (Py_ssize_t)i, v);
-        }
-        return out;
-    case JSON_STRING:
-        return decode(json_string_value(j), json_string_length(j));
-    case JSON_INTEGER:
-        return PyLong_FromLongLong(json_integer_value(j));
-    case JSON_REAL:
-        return PyFloat_FromDouble(json_real_value(j));
-    case JSON_TRUE:
-        Py_RETURN_TRUE;
-    case JSON_FALSE:
-        Py_RETURN_FALSE;
-    default:
-        Py_RETURN_NONE;
-    }
-}
-
-/* Python value -> new jansson value; NULL with a Python exception. */
-static json_t *py_to_json(PyObject *o, int depth)
-{
-    json_t *out = NULL;
-    Py_ssize_t i, n;
-
-    if (depth > 64) {
-        PyErr_SetString(PyExc_ValueError, "JSON value nested too deeply");
-        return NULL;
-    }
-    if (o == Py_None)
-        return json_null();
-    if (PyBool_Check(o))
-        return json_boolean(o == Py_True);
-    if (PyLong_Check(o)) {
-        long long v = PyLong_AsLongLong(o);
-        if (v == -1 && PyErr_Occurred())
-            return NULL;
-        return json_integer(v);
-    }
-    if (PyFloat_Check(o)) {
-        double d = PyFloat_AS_DOUBLE(o);
-        if (!isfinite(d)) {
-            PyErr_SetString(PyExc_ValueError, "NaN and infinity are not JSON");
-            return NULL;
-        }
-        return json_real(d);
-    }
-    if (PyUnicode_Check(o)) {
-        const char *s = PyUnicode_AsUTF8AndSize(o, &n);
-        if (s == NULL)
-            return NULL;
-        out = json_stringn(s, (size_t)n);
-        goto check;
-    }
-    if (PyDict_Check(o) || (PyMapping_Check(o) && !PySequence_Check(o))) {
-        PyObject *items = PyMapping_Items(o);
-        if (items == NULL)
-            return NULL;
-        out = json_object();
-        n = PyList_GET_SIZE(items);
-        for (i = 0; out && i < n; i++) {
-            PyObject *kv = PyList_GET_ITEM(items, i), *key = PyTuple_GET_ITEM(kv, 0);
-            const char *ks;
-            json_t *v;
-            if (!PyUnicode_Check(key)) {
-                PyErr_SetString(PyExc_TypeError, "JSON object keys must be str");
-                goto map_fail;
-            }
-            if ((ks = PyUnicode_AsUTF8(key)) == NULL || (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
-                goto map_fail;
-            if (json_object_set_new(out, ks, v) < 0) {
-                PyErr_SetString(PyExc_ValueError, "invalid JSON object key");
-                goto map_fail;
-            }
-        }
-        Py_DECREF(items);
-        goto check;
-    map_fail:
-        Py_DECREF(items);
-        json_decref(out);
-        return NULL;
-    }
-    if (PyList_Check(o) || PyTuple_Check(o) ||
-        (PySequence_Check(o) && !PyBytes_Check(o) && !PyByteArray_Check(o))) {
-        PyObject *seq = PySequence_Fast(o, "expected a sequence");
-        if (seq == NULL)
-            return NULL;
-        out = json_array();
-        n = PySequence_Fast_GET_SIZE(seq);
-        for (i = 0; out && i < n; i++) {
-            json_t *v = py_to_json(PySequence_Fast_GET_ITEM(seq, i), depth + 1);
-            if (v == NULL || json_array_append_new(out, v) < 0) {
-                Py_DECREF(seq);
-                json_decref(out);
-                if (!PyErr_Occurred())
-                    PyErr_NoMemory();
-                return NULL;
-            }
-        }
-        Py_DECREF(seq);
-        goto check;
-    }
-    PyErr_Format(PyExc_TypeError, "%.100s is not JSON-serializable", Py_TYPE(o)->tp_name);
-    return NULL;
-check:
-    if (out == NULL && !PyErr_Occurred())
-        PyErr_SetString(PyExc_ValueError, "value cannot be encoded as JSON (invalid UTF-8?)");
-    return out;
-}
-
-/* A JSON value of the given kind, or NULL (obj None) — error when *ok is 0. */
-static json_t *arg_json(PyObject *o, int want_object, const char *what, int *ok)
-{
-    json_t *j;
-    *ok = 1;
-    if (o == NULL || o == Py_None)
-        return NULL;
-    j = py_to_json(o, 0);
-    if (j == NULL) {
-        *ok = 0;
-        return NULL;
-    }
-    if (want_object ? !json_is_object(j) : !json_is_array(j)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a %s", what, want_object ? "mapping" : "sequence");
-        json_decref(j);
-        *ok = 0;
-        return NULL;
-    }
-    return j;
-}
-
-/* A list of strings, as a JSON array (args, egress rules). */
-static json_t *arg_str_list(PyObject *o, const char *what, int *ok)
-{
-    json_t *j = arg_json(o, 0, what, ok), *v;
-    size_t i;
-    if (j == NULL)
-        return NULL;
-    json_array_foreach(j, i, v) {
-        if (!json_is_string(v)) {
-            PyErr_Format(PyExc_TypeError, "%s must contain only str", what);
-            json_decref(j);
-            *ok = 0;
-            return NULL;
-        }
-    }
-    return j;
-}
-
-/* ================================================================== Client */
-
 typedef struct {
     PyObject_HEAD
     cos_cfg cfg;
@@ -335,6 +19,7 @@ typedef struct {
     PyObject *base_url;
     PyObject *weakreflist;
     int closed;
+    int ready; /* __init__ succeeded */
 } ClientObject;
 
 static cos_state *state_of(PyObject *self)
@@ -360,6 +45,11 @@ static cos_engine *engine_of(ClientObject *self)
         cos_err_clear(&err);
         cos_err_set(&err, COS_E_CLOSED, "the client is closed");
         cos_raise(state_of((PyObject *)self), &err);
+        return NULL;
+    }
+    if (!self->ready) {
+        /* Client.__new__(Client), or an __init__ that failed */
+        PyErr_SetString(PyExc_RuntimeError, "the Client is not initialised (__init__ did not succeed)");
         return NULL;
     }
     cos_client_after_fork((PyObject *)self); /* a fork the hook did not see */
@@ -389,7 +79,7 @@ static int deliver(PyObject *on_output, cos_exec_out *xo)
         }
         if (data == NULL)
             continue;
-        text = decode(data, len);
+        text = cos_decode(data, len);
         free(data);
         if (text == NULL)
             return -1;
@@ -503,7 +193,7 @@ static void free_cfg(cos_cfg *cfg)
 {
     free(cfg->base);
     if (cfg->key) {
-        memset(cfg->key, 0, strlen(cfg->key));
+        cos_wipe(cfg->key, strlen(cfg->key));
         free(cfg->key);
     }
     free(cfg->user_agent);
@@ -547,7 +237,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
     char default_ua[128];
     cos_err err;
 
-    if (self->eng != NULL || self->cfg.base != NULL) {
+    if (self->ready) {
         PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
         return -1;
     }
@@ -587,6 +277,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
     self->cfg.key = strdup(key);
     self->cfg.user_agent = strdup(ua);
     self->cfg.ca_file = ca && ca[0] ? strdup(ca) : NULL;
+    self->cfg.plain_http = strncmp(self->cfg.base, "http://", 7) == 0;
     self->cfg.connect_ms = connect_ms;
     self->cfg.control_ms = control_ms;
     if (!self->cfg.key || !self->cfg.user_agent || (ca && ca[0] && !self->cfg.ca_file)) {
@@ -599,10 +290,18 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
     }
     if ((self->base_url = PyUnicode_FromString(self->cfg.base)) == NULL || track(self) < 0)
         goto error;
+    self->ready = 1;
     return 0;
 config_error:
     cos_raise(state_of((PyObject *)self), &err);
 error:
+    /* nothing half-made stays: the object is unusable, or __init__ may run again */
+    if (self->eng != NULL) {
+        cos_engine_free(self->eng); /* never started: no thread to join */
+        self->eng = NULL;
+    }
+    free_cfg(&self->cfg);
+    Py_CLEAR(self->base_url);
     return -1;
 }
 
@@ -651,11 +350,26 @@ static PyObject *client_repr(ClientObject *self)
                                 self->closed ? " closed" : "");
 }
 
+/* Strings parsed from keyword arguments are used without the GIL. The kwargs
+ * dict may be the caller's own (PyObject_Call passes it through), which
+ * another thread could change during the call: parse from a copy, which holds
+ * a reference on every value until the call returns. */
+#define OWNED_KWDS(name)                                                                          \
+    static PyObject *name(ClientObject *self, PyObject *args, PyObject *kwds)                     \
+    {                                                                                             \
+        PyObject *own = NULL, *res;                                                               \
+        if (kwds != NULL && (own = PyDict_Copy(kwds)) == NULL)                                    \
+            return NULL;                                                                          \
+        res = name##_impl(self, args, own);                                                       \
+        Py_XDECREF(own);                                                                          \
+        return res;                                                                               \
+    }
+
 /* ------------------------------------------------------------- operations */
 
 static PyObject *json_result(json_t *j)
 {
-    PyObject *o = json_to_py(j);
+    PyObject *o = cos_json_to_py(j);
     json_decref(j);
     return o;
 }
@@ -742,7 +456,7 @@ static PyObject *c_create(ClientObject *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O", kw, &spec_o, &timeout_o) ||
         parse_timeout(timeout_o, "timeout", &timeout_ms, 1) < 0)
         return NULL;
-    spec = arg_json(spec_o, 1, "spec", &ok);
+    spec = cos_arg_json(spec_o, 1, "spec", &ok);
     if (!ok)
         return NULL;
     if (spec == NULL) {
@@ -761,7 +475,7 @@ static PyObject *c_create(ClientObject *self, PyObject *args, PyObject *kwds)
     return json_result(out);
 }
 
-static PyObject *c_list(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *c_list_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"prefix", "status", NULL};
     PyObject *prefix_o = Py_None, *status_o = Py_None;
@@ -781,7 +495,9 @@ static PyObject *c_list(ClientObject *self, PyObject *args, PyObject *kwds)
     return json_result(out);
 }
 
-static PyObject *c_resume(ClientObject *self, PyObject *args, PyObject *kwds)
+OWNED_KWDS(c_list)
+
+static PyObject *c_resume_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "wait", NULL};
     PyObject *id_o, *wait_o = Py_None;
@@ -801,7 +517,9 @@ static PyObject *c_resume(ClientObject *self, PyObject *args, PyObject *kwds)
     return json_result(out);
 }
 
-static PyObject *c_fork(ClientObject *self, PyObject *args, PyObject *kwds)
+OWNED_KWDS(c_resume)
+
+static PyObject *c_fork_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "spec", NULL};
     PyObject *id_o, *spec_o = Py_None;
@@ -811,7 +529,7 @@ static PyObject *c_fork(ClientObject *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kw, &id_o, &spec_o) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
         return NULL;
-    spec = arg_json(spec_o, 1, "spec", &ok);
+    spec = cos_arg_json(spec_o, 1, "spec", &ok);
     if (!ok)
         return NULL;
     CALL_BEGIN(self, NULL);
@@ -826,6 +544,8 @@ static PyObject *c_fork(ClientObject *self, PyObject *args, PyObject *kwds)
     return json_result(out);
 }
 
+OWNED_KWDS(c_fork)
+
 static PyObject *c_patch(ClientObject *self, PyObject *args)
 {
     PyObject *id_o, *fields_o;
@@ -835,7 +555,7 @@ static PyObject *c_patch(ClientObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO", &id_o, &fields_o) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
         return NULL;
-    fields = arg_json(fields_o, 1, "fields", &ok);
+    fields = cos_arg_json(fields_o, 1, "fields", &ok);
     if (!ok)
         return NULL;
     if (fields == NULL) {
@@ -867,7 +587,7 @@ static PyObject *c_put_egress(ClientObject *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "rules must be a sequence of str or None, not str");
         return NULL;
     }
-    rules = arg_str_list(rules_o, "rules", &ok);
+    rules = cos_arg_str_list(rules_o, "rules", &ok);
     if (!ok)
         return NULL;
     CALL_BEGIN(self, NULL);
@@ -882,7 +602,7 @@ static PyObject *c_put_egress(ClientObject *self, PyObject *args)
     return json_result(out);
 }
 
-static PyObject *c_upload(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *c_upload_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "path", "data", "file", NULL};
     PyObject *id_o, *path_o, *data_o = Py_None, *file_o = Py_None, *fspath = NULL;
@@ -938,7 +658,9 @@ done:
     return result;
 }
 
-static PyObject *c_download(ClientObject *self, PyObject *args, PyObject *kwds)
+OWNED_KWDS(c_upload)
+
+static PyObject *c_download_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "path", "max_bytes", NULL};
     PyObject *id_o, *path_o, *result;
@@ -966,6 +688,8 @@ static PyObject *c_download(ClientObject *self, PyObject *args, PyObject *kwds)
     return result;
 }
 
+OWNED_KWDS(c_download)
+
 /* Shared by exec and run_program: everything the exec request needs. */
 typedef struct {
     cos_exec_args a;
@@ -990,9 +714,11 @@ static int parse_exec_common(exec_params *p, PyObject *cmd_o, PyObject *args_o, 
         }
         if ((p->a.stdin_data = PyUnicode_AsUTF8AndSize(stdin_o, &n)) == NULL)
             return -1;
+        p->a.stdin_len = (size_t)n; /* NUL bytes included */
     }
-    if (max_output < 0) {
-        PyErr_SetString(PyExc_ValueError, "max_output_bytes must be >= 0");
+    if (max_output < 0 || (size_t)max_output > COS_MAX_OUTPUT_LIMIT) {
+        PyErr_Format(PyExc_ValueError, "max_output_bytes must be between 0 and %zu (1 GiB)",
+                     COS_MAX_OUTPUT_LIMIT);
         return -1;
     }
     if (on_output != NULL && on_output != Py_None && !PyCallable_Check(on_output)) {
@@ -1005,10 +731,10 @@ static int parse_exec_common(exec_params *p, PyObject *cmd_o, PyObject *args_o, 
     }
     p->max_output = max_output;
     p->on_output = on_output == Py_None ? NULL : on_output;
-    p->a.args = arg_str_list(args_o, "args", &ok);
+    p->a.args = cos_arg_str_list(args_o, "args", &ok);
     if (!ok)
         return -1;
-    p->a.env = arg_json(env_o, 1, "env", &ok);
+    p->a.env = cos_arg_json(env_o, 1, "env", &ok);
     if (!ok) {
         json_decref(p->a.args);
         return -1;
@@ -1027,10 +753,10 @@ static PyObject *finish_exec(ClientObject *self, exec_params *p, cos_exec_out *x
 {
     if (p->on_output != NULL && deliver(p->on_output, xo) < 0)
         return NULL;
-    return make_result(state_of((PyObject *)self), xo, sid);
+    return cos_make_result(state_of((PyObject *)self), xo, sid);
 }
 
-static PyObject *c_exec(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *c_exec_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "cmd", "args", "stdin", "env", "timeout", "max_output_bytes",
                          "stream", "on_output", NULL};
@@ -1066,7 +792,9 @@ done:
     return result;
 }
 
-static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwds)
+OWNED_KWDS(c_exec)
+
+static PyObject *c_run_program_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"create", "cmd", "args", "files", "stdin", "timeout", "max_output_bytes",
                          "on_output", "delete", "sandbox_id", "env", NULL};
@@ -1098,7 +826,7 @@ static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwd
     have_params = 1;
     p.a.stream = 1;
     if (adopt == NULL) {
-        spec = arg_json(create_o, 1, "create", &ok);
+        spec = cos_arg_json(create_o, 1, "create", &ok);
         if (!ok)
             goto done;
         if (spec == NULL) {
@@ -1107,15 +835,22 @@ static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwd
         }
     }
     if (files_o != NULL) {
-        if ((files_fast = PySequence_Fast(files_o, "files must be a sequence of (path, bytes)")) == NULL)
+        /* a tuple we own: it holds every (path, data) pair, and each pair
+         * (immutable) its str and bytes, for the whole call; the caller's own
+         * list may be cleared by another thread while the GIL is released */
+        if (PyUnicode_Check(files_o) || PyBytes_Check(files_o) || PyByteArray_Check(files_o)) {
+            PyErr_SetString(PyExc_TypeError, "files must be a sequence of (path: str, data: bytes)");
             goto done;
-        nfiles = PySequence_Fast_GET_SIZE(files_fast);
+        }
+        if ((files_fast = PySequence_Tuple(files_o)) == NULL)
+            goto done;
+        nfiles = PyTuple_GET_SIZE(files_fast);
         if (nfiles > 0 && (files = PyMem_Calloc((size_t)nfiles, sizeof *files)) == NULL) {
             PyErr_NoMemory();
             goto done;
         }
         for (i = 0; i < nfiles; i++) {
-            PyObject *item = PySequence_Fast_GET_ITEM(files_fast, i);
+            PyObject *item = PyTuple_GET_ITEM(files_fast, i);
             char *data;
             Py_ssize_t len;
             if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
@@ -1126,7 +861,8 @@ static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwd
             if ((files[i].path = arg_cstr(PyTuple_GET_ITEM(item, 0), "file path", 4096)) == NULL)
                 goto done;
             /* bytes are immutable and files_fast keeps them alive without the GIL */
-            PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), &data, &len);
+            if (PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), &data, &len) < 0)
+                goto done;
             files[i].data = data;
             files[i].len = (size_t)len;
         }
@@ -1154,6 +890,8 @@ done:
     Py_XDECREF(files_fast);
     return result;
 }
+
+OWNED_KWDS(c_run_program)
 
 static PyObject *c_drain_deletes(ClientObject *self, PyObject *args, PyObject *kwds)
 {
@@ -1331,8 +1069,7 @@ static PyType_Spec client_spec = {
 
 int cos_client_add_types(PyObject *module, cos_state *st)
 {
-    st->ExecResultType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &er_spec, NULL);
-    if (st->ExecResultType == NULL || PyModule_AddObjectRef(module, "ExecResult", (PyObject *)st->ExecResultType) < 0)
+    if (cos_execresult_add_type(module, st) < 0)
         return -1;
     st->ClientType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &client_spec, NULL);
     if (st->ClientType == NULL || PyModule_AddObjectRef(module, "Client", (PyObject *)st->ClientType) < 0)

@@ -216,17 +216,24 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
                   size_t maxchars)
 {
     static const char mark[] = "[redacted]";
-    char variants[3][1100];
+    static const char withheld[] = "[withheld: text cannot be redacted]";
+    /* every character of the key may need an escape ('\\' or '\/') */
+    char variants[3][2 * COS_KEY_MAX + 8];
     size_t vlen[3] = {0, 0, 0};
     size_t i = 0, o = 0, chars = 0, piece_min = 0;
     int cut = 0;
 
-    if (dstcap < 16) {
+    if (dstcap < sizeof withheld) {
         if (dstcap)
             dst[0] = '\0';
         return;
     }
-    if (secret != NULL && *secret != '\0' && strlen(secret) < 512) {
+    if (secret != NULL && strlen(secret) > COS_KEY_MAX) {
+        /* fail closed: a key redaction cannot cover never reaches a message */
+        memcpy(dst, withheld, sizeof withheld);
+        return;
+    }
+    if (secret != NULL && *secret != '\0') {
         vlen[0] = strlen(secret);
         memcpy(variants[0], secret, vlen[0] + 1);
         vlen[1] = json_escaped(secret, variants[1], sizeof variants[1], 0);
@@ -297,6 +304,13 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
         o += 3;
     }
     dst[o] = '\0';
+}
+
+void cos_wipe(void *p, size_t n)
+{
+    volatile unsigned char *v = p;
+    while (n--)
+        *v++ = 0;
 }
 
 void cos_strlcpy(char *dst, const char *src, size_t dstcap)

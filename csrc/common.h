@@ -24,6 +24,8 @@ typedef enum {
 } cos_kind;
 
 #define COS_MSG_MAX 2816
+/* The longest API key accepted; redaction covers every length up to it. */
+#define COS_KEY_MAX 512
 #define COS_ID_MAX 256
 #define COS_SERVER_TEXT_MAX 500 /* characters of server text in a message */
 /* Largest error body kept (the rest is discarded, not an error). */
@@ -114,6 +116,8 @@ int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len);
  * never expose a piece of it. */
 void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
                   size_t maxchars);
+/* Zero memory in a way the compiler may not elide. */
+void cos_wipe(void *p, size_t n);
 /* Bounded copy, always NUL-terminated. */
 void cos_strlcpy(char *dst, const char *src, size_t dstcap);
 

@@ -170,12 +170,16 @@ static void complete(cos_engine *e, cos_req *r)
     }
     pthread_mutex_unlock(&r->mu);
     if (orphan) {
-        r->on_orphan_done(r);
+        int background = !r->abandoned; /* an abandoned foreground request is no delete */
+        if (r->on_orphan_done != NULL)
+            r->on_orphan_done(r);
         cos_engine_release(e, r);
-        pthread_mutex_lock(&e->mu);
-        e->bg_pending--;
-        pthread_cond_broadcast(&e->bg_cv);
-        pthread_mutex_unlock(&e->mu);
+        if (background) {
+            pthread_mutex_lock(&e->mu);
+            e->bg_pending--;
+            pthread_cond_broadcast(&e->bg_cv);
+            pthread_mutex_unlock(&e->mu);
+        }
     }
 }
 
@@ -342,6 +346,20 @@ int cos_engine_detach(cos_engine *e, cos_req *r)
     }
     pthread_mutex_unlock(&r->mu);
     pthread_mutex_unlock(&e->mu);
+    return done;
+}
+
+int cos_engine_abandon(cos_engine *e, cos_req *r)
+{
+    int done;
+    (void)e;
+    pthread_mutex_lock(&r->mu);
+    done = r->done;
+    if (!done) {
+        r->orphaned = 1;
+        r->abandoned = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
     return done;
 }
 

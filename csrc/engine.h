@@ -54,6 +54,11 @@ void cos_engine_cancel(cos_engine *e, cos_req *r);
  * background with r->on_orphan_done and frees it. Returns 1 if the request
  * had already finished (the caller still owns it), else 0. */
 int cos_engine_detach(cos_engine *e, cos_req *r);
+/* The owner stops waiting for a request it cancelled (the I/O thread has not
+ * let go of it in time): from now on the I/O thread touches none of the
+ * owner's memory and frees the request when it gets to it. Returns 1 if the
+ * request had already finished (the caller still owns it), else 0. */
+int cos_engine_abandon(cos_engine *e, cos_req *r);
 /* Submit a request that the engine owns from the start (background delete). */
 int cos_engine_submit_orphan(cos_engine *e, cos_req *r, cos_err *err);
 

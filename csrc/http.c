@@ -92,11 +92,16 @@ static size_t header_cb(char *line, size_t size, size_t nitems, void *ud)
     size_t vn;
 
     if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
-        /* a new response (after a 100 Continue, say): forget the last one */
-        const char *sp = memchr(line, ' ', n);
+        /* a new response (after a 100 Continue, say): forget the last one.
+         * The line is not NUL-terminated: parse a bounded copy. */
+        char status[64];
+        set_header_value(status, sizeof status, line, n);
         memset(&r->meta, 0, sizeof r->meta);
-        if (sp != NULL)
-            r->meta.status = strtol(sp + 1, NULL, 10);
+        {
+            const char *sp = strchr(status, ' ');
+            if (sp != NULL)
+                r->meta.status = strtol(sp + 1, NULL, 10);
+        }
         return n;
     }
     if (header_is(line, n, "X-Request-Id", &v, &vn)) {
@@ -141,16 +146,18 @@ static size_t write_cb(char *data, size_t size, size_t nmemb, void *ud)
         return n;
     }
     if (r->mode == COS_RESP_STREAM) {
-        int rc;
-        pthread_mutex_lock(&r->xo->mu);
-        rc = cos_ndjson_feed(&r->nd, data, n);
-        pthread_mutex_unlock(&r->xo->mu);
-        if (r->notify_output) {
-            pthread_mutex_lock(&r->mu);
-            r->progress = 1;
-            pthread_cond_signal(&r->cv);
-            pthread_mutex_unlock(&r->mu);
+        int rc = COS_ND_STOPPED;
+        pthread_mutex_lock(&r->mu);
+        if (!r->abandoned) {
+            pthread_mutex_lock(&r->xo->mu);
+            rc = cos_ndjson_feed(&r->nd, data, n);
+            pthread_mutex_unlock(&r->xo->mu);
+            if (r->notify_output) {
+                r->progress = 1;
+                pthread_cond_signal(&r->cv);
+            }
         }
+        pthread_mutex_unlock(&r->mu);
         if (rc != COS_ND_OK) {
             r->nd_rc = rc;
             return 0;
@@ -168,13 +175,46 @@ static size_t write_cb(char *data, size_t size, size_t nmemb, void *ud)
     return n;
 }
 
+/* The PUT body, from the caller's file or memory. */
 static size_t read_cb(char *buf, size_t size, size_t nitems, void *ud)
 {
     cos_req *r = ud;
-    size_t got = fread(buf, 1, size * nitems, r->upload);
-    if (got == 0 && ferror(r->upload))
-        return CURL_READFUNC_ABORT;
+    size_t want = size * nitems, got = CURL_READFUNC_ABORT;
+    pthread_mutex_lock(&r->mu);
+    if (r->abandoned) {
+        /* the owner is gone, and its memory with it */
+    } else if (r->upload != NULL) {
+        got = fread(buf, 1, want, r->upload);
+        if (got == 0 && ferror(r->upload))
+            got = CURL_READFUNC_ABORT;
+    } else {
+        curl_off_t left = r->upload_size - r->upload_pos;
+        got = (curl_off_t)want < left ? want : (size_t)left;
+        memcpy(buf, r->upload_mem + r->upload_pos, got);
+        r->upload_pos += (curl_off_t)got;
+    }
+    pthread_mutex_unlock(&r->mu);
     return got;
+}
+
+/* libcurl rewinds the body to send it again (a reused connection that died). */
+static int seek_cb(void *ud, curl_off_t offset, int origin)
+{
+    cos_req *r = ud;
+    int rc = CURL_SEEKFUNC_CANTSEEK;
+    if (origin != SEEK_SET || offset < 0 || offset > r->upload_size)
+        return rc;
+    pthread_mutex_lock(&r->mu);
+    if (r->abandoned) {
+        rc = CURL_SEEKFUNC_FAIL;
+    } else if (r->upload != NULL) {
+        rc = fseeko(r->upload, (off_t)offset, SEEK_SET) == 0 ? CURL_SEEKFUNC_OK : CURL_SEEKFUNC_FAIL;
+    } else {
+        r->upload_pos = offset;
+        rc = CURL_SEEKFUNC_OK;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return rc;
 }
 
 static int xferinfo_cb(void *ud, curl_off_t dt, curl_off_t dn, curl_off_t ut, curl_off_t un)
@@ -207,17 +247,34 @@ static int frame_cb(void *ud, cos_frame_kind kind, const char *data, size_t len,
     return 0;
 }
 
-static int add_header(struct curl_slist **list, const char *name, const char *value)
+/* Append one line; on failure the list is left as it was (and freed by its owner). */
+static int add_line(struct curl_slist **list, const char *line)
 {
-    char line[1024];
-    struct curl_slist *n;
-    if ((size_t)snprintf(line, sizeof line, "%s: %s", name, value) >= sizeof line)
-        return -1;
-    n = curl_slist_append(*list, line);
+    struct curl_slist *n = curl_slist_append(*list, line);
     if (n == NULL)
         return -1;
     *list = n;
     return 0;
+}
+
+static int add_header(struct curl_slist **list, const char *name, const char *value)
+{
+    char line[1024];
+    int rc = -1;
+    if ((size_t)snprintf(line, sizeof line, "%s: %s", name, value) < sizeof line)
+        rc = add_line(list, line);
+    cos_wipe(line, sizeof line); /* it may hold the key */
+    return rc;
+}
+
+/* The header lines hold the key: wipe them before they go back to the allocator. */
+static void free_headers(struct curl_slist *list)
+{
+    struct curl_slist *n;
+    for (n = list; n != NULL; n = n->next)
+        if (n->data != NULL)
+            cos_wipe(n->data, strlen(n->data));
+    curl_slist_free_all(list);
 }
 
 cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_req_spec *spec,
@@ -235,6 +292,8 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     r->body_cap = spec->body_cap;
     r->timeout_ms = spec->timeout_ms;
     r->upload = spec->upload;
+    r->upload_mem = spec->upload_mem;
+    r->upload_size = spec->upload_size;
     r->xo = spec->xo;
     r->notify_output = spec->notify_output;
     pthread_mutex_init(&r->mu, NULL);
@@ -251,8 +310,8 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     if (add_header(&r->headers, "X-Api-Key", cfg->key) < 0 ||
         add_header(&r->headers, "Accept", spec->accept ? spec->accept : "application/json") < 0 ||
         (spec->content_type ? add_header(&r->headers, "Content-Type", spec->content_type)
-                            : (r->headers = curl_slist_append(r->headers, "Content-Type:")) == NULL) ||
-        (r->headers = curl_slist_append(r->headers, "Expect:")) == NULL)
+                            : add_line(&r->headers, "Content-Type:")) < 0 ||
+        add_line(&r->headers, "Expect:") < 0)
         goto nomem;
 
     c |= curl_easy_setopt(easy, CURLOPT_URL, r->url);
@@ -272,6 +331,14 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     c |= curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
     c |= curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
+    /* The key never crosses a proxy in clear: plain http (loopback only) goes
+     * direct whatever http_proxy/ALL_PROXY say (the empty string disables the
+     * environment's proxies). https honours them: CONNECT keeps TLS end to end. */
+    if (cfg->plain_http)
+        c |= curl_easy_setopt(easy, CURLOPT_PROXY, "");
+    /* a stuck resolver thread is abandoned, not joined: the I/O thread never
+     * waits for getaddrinfo past a deadline or a cancel */
+    c |= curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
     if (cfg->ca_file != NULL)
@@ -287,10 +354,12 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     c |= curl_easy_setopt(easy, CURLOPT_XFERINFOFUNCTION, xferinfo_cb);
     c |= curl_easy_setopt(easy, CURLOPT_XFERINFODATA, r);
 
-    if (spec->upload != NULL) {
+    if (spec->upload != NULL || spec->upload_mem != NULL) {
         c |= curl_easy_setopt(easy, CURLOPT_UPLOAD, 1L);
         c |= curl_easy_setopt(easy, CURLOPT_READFUNCTION, read_cb);
         c |= curl_easy_setopt(easy, CURLOPT_READDATA, r);
+        c |= curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, seek_cb);
+        c |= curl_easy_setopt(easy, CURLOPT_SEEKDATA, r);
         c |= curl_easy_setopt(easy, CURLOPT_INFILESIZE_LARGE, spec->upload_size);
         c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
     } else if (strcmp(spec->method, "GET") == 0) {
@@ -298,8 +367,9 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     } else if (strcmp(spec->method, "DELETE") == 0 && spec->body == NULL) {
         c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "DELETE");
     } else {
+        /* copied: nothing the request sends is the caller's memory */
         c |= curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
-        c |= curl_easy_setopt(easy, CURLOPT_POSTFIELDS, spec->body ? spec->body : "");
+        c |= curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, spec->body ? spec->body : "");
         c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
     }
     if (c != CURLE_OK) {
@@ -324,7 +394,7 @@ CURL *cos_req_free(cos_req *r)
     if (r == NULL)
         return NULL;
     easy = r->easy;
-    curl_slist_free_all(r->headers);
+    free_headers(r->headers);
     free(r->url);
     cos_buf_free(&r->body);
     if (r->mode == COS_RESP_STREAM)

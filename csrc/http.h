@@ -18,6 +18,7 @@ typedef struct cos_cfg {
     char *ca_file; /* SSL_CERT_FILE / CURL_CA_BUNDLE when set, else NULL */
     long connect_ms;
     long control_ms;
+    int plain_http; /* http:// (loopback only): never through a proxy */
 } cos_cfg;
 
 typedef enum {
@@ -32,10 +33,11 @@ typedef void (*cos_req_done_fn)(cos_req *r);
 typedef struct cos_req_spec {
     const char *method;
     const char *url;
-    const char *body; /* borrowed: must outlive the request */
+    const char *body; /* copied into the request */
     size_t body_len;
     const char *content_type;
     FILE *upload; /* streamed PUT body instead of `body` */
+    const char *upload_mem; /* or a PUT body read from memory (borrowed) */
     curl_off_t upload_size;
     const char *accept;
     cos_resp_mode mode;
@@ -52,7 +54,11 @@ struct cos_req {
     cos_resp_mode mode;
     size_t body_cap;
     long timeout_ms;
+    /* Caller memory, touched by the I/O thread only under mu and only while
+     * !abandoned: a caller that stops waiting never leaves it dangling. */
     FILE *upload;
+    const char *upload_mem;
+    curl_off_t upload_size, upload_pos;
     cos_exec_out *xo;
     int notify_output;
     cos_ndjson nd;
@@ -73,6 +79,7 @@ struct cos_req {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int done, progress, orphaned, cancelled;
+    int abandoned; /* orphaned by an owner that gave up waiting after a cancel */
     atomic_int cancel;
     atomic_int stream_started; /* a 2xx status line arrived on a stream */
 

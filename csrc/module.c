@@ -216,7 +216,8 @@ static int module_exec(PyObject *module)
     if (PyModule_AddStringConstant(module, "__version__", MODULE_VERSION) < 0 ||
         PyModule_AddStringConstant(module, "curl_version", curl_version_info(CURLVERSION_NOW)->version) < 0 ||
         PyModule_AddStringConstant(module, "jansson_version", jv) < 0 ||
-        PyModule_AddIntConstant(module, "DEFAULT_MAX_OUTPUT_BYTES", (long)COS_DEFAULT_MAX_OUTPUT) < 0)
+        PyModule_AddIntConstant(module, "DEFAULT_MAX_OUTPUT_BYTES", (long)COS_DEFAULT_MAX_OUTPUT) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_OUTPUT_BYTES_LIMIT", (long)COS_MAX_OUTPUT_LIMIT) < 0)
         return -1;
     return register_fork_hook(module);
 }

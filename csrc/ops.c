@@ -117,8 +117,8 @@ int cos_check_key(const char *key, cos_err *err)
         cos_err_set(err, COS_E_CONFIG, "the API key is empty (set CREATEOS_SANDBOX_API_KEY)");
         return -1;
     }
-    if (strlen(key) > 512) {
-        cos_err_set(err, COS_E_CONFIG, "the API key is longer than 512 characters");
+    if (strlen(key) > COS_KEY_MAX) {
+        cos_err_set(err, COS_E_CONFIG, "the API key is longer than %d characters", COS_KEY_MAX);
         return -1;
     }
     for (p = (const unsigned char *)key; *p; p++) {
@@ -177,11 +177,33 @@ static int slice(cos_ctx *c, cos_exec_out *xo)
     return c->aborted;
 }
 
-/* Wait for the request to finish, in slices. The I/O thread enforces the
- * deadline through CURLOPT_TIMEOUT_MS; the extra second here only guards
- * against a transfer that libcurl fails to stop. */
-static int perform(cos_ctx *c, cos_req *r, const char *op, cos_exec_out *xo)
+/* After a cancel: wait for the I/O thread to let go of the request, at most
+ * COS_CANCEL_GRACE_MS and no longer once Ctrl-C arrives; then abandon it to the
+ * engine (*rp becomes NULL: the engine frees it). 0 when it finished. */
+static int settle_cancelled(cos_ctx *c, cos_req **rp)
 {
+    double give_up = cos_now_ms() + COS_CANCEL_GRACE_MS;
+    for (;;) {
+        if (cos_req_wait(*rp, COS_SLICE_MS))
+            return 0;
+        if (cos_now_ms() > give_up || (!c->aborted && slice(c, NULL)))
+            break;
+    }
+    if (cos_engine_abandon(c->eng, *rp))
+        return 0;
+    *rp = NULL;
+    return -1;
+}
+
+/* Wait for the request to finish, in slices. The I/O thread enforces the
+ * deadline through CURLOPT_TIMEOUT_MS (name resolution included: a stuck
+ * resolver is abandoned, CURLOPT_QUICK_EXIT); the extra second here only
+ * guards against a transfer that libcurl fails to stop, and the cancel it
+ * sends is itself bounded by settle_cancelled. *rp is NULL on return when the
+ * request was abandoned to the engine. */
+static int perform(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo)
+{
+    cos_req *r = *rp;
     double hard_end = cos_now_ms() + (double)r->timeout_ms + 1000.0;
     if (cos_engine_submit(c->eng, r, c->err) < 0)
         return -1;
@@ -189,13 +211,12 @@ static int perform(cos_ctx *c, cos_req *r, const char *op, cos_exec_out *xo)
         if (cos_req_wait(r, COS_SLICE_MS))
             break;
         if (slice(c, xo) || cos_now_ms() > hard_end) {
-            int stopped_by_caller = c->aborted;
+            long timeout_ms = r->timeout_ms;
             cos_engine_cancel(c->eng, r);
-            while (!cos_req_wait(r, COS_SLICE_MS))
-                ;
-            if (!stopped_by_caller)
+            settle_cancelled(c, rp);
+            if (!c->aborted)
                 cos_err_set(c->err, COS_E_DEADLINE, "%s failed: deadline of %.1f s passed", op,
-                            seconds(r->timeout_ms));
+                            seconds(timeout_ms));
             return -1;
         }
     }
@@ -308,7 +329,7 @@ static int json_call(cos_ctx *c, const char *op, const char *method, char *url, 
     spec.mode = COS_RESP_JSON;
     spec.body_cap = COS_JSON_BODY_MAX;
     spec.timeout_ms = timeout_ms;
-    if ((r = new_req(c, op, &spec)) == NULL || perform(c, r, op, NULL) < 0)
+    if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
     if (r->rc != CURLE_OK) {
         transport_error(c, r, op);
@@ -662,15 +683,14 @@ int cos_op_upload(cos_ctx *c, const char *id, const char *path, const char *data
         return nomem(c, op);
     spec.method = "PUT";
     spec.url = url;
-    spec.body = data ? data : "";
-    spec.body_len = len;
     spec.upload = file;
-    spec.upload_size = (curl_off_t)size;
+    spec.upload_mem = file ? NULL : data ? data : "";
+    spec.upload_size = file ? (curl_off_t)size : (curl_off_t)len;
     spec.content_type = "application/octet-stream";
     spec.mode = COS_RESP_JSON;
     spec.body_cap = COS_JSON_BODY_MAX;
     spec.timeout_ms = c->cfg->control_ms;
-    if ((r = new_req(c, op, &spec)) == NULL || perform(c, r, op, NULL) < 0)
+    if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
     if (r->rc != CURLE_OK) {
         transport_error(c, r, op);
@@ -701,7 +721,7 @@ int cos_op_download(cos_ctx *c, const char *id, const char *path, size_t max_byt
     spec.mode = COS_RESP_DOWNLOAD;
     spec.body_cap = max_bytes;
     spec.timeout_ms = c->cfg->control_ms;
-    if ((r = new_req(c, op, &spec)) == NULL || perform(c, r, op, NULL) < 0)
+    if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
     if (r->declared_over_cap || r->over_cap) {
         cos_err_set(c->err, COS_E_UNAVAILABLE,
@@ -750,7 +770,7 @@ static int exec_request(cos_ctx *c, const char *id, const cos_exec_args *a, int 
     if (b != NULL &&
         json_object_set_new(b, "cmd", json_string(a->cmd)) == 0 &&
         json_object_set_new(b, "args", a->args ? json_incref(a->args) : json_array()) == 0 &&
-        (!a->stdin_data || json_object_set_new(b, "stdin", json_string(a->stdin_data)) == 0) &&
+        (!a->stdin_data || json_object_set_new(b, "stdin", json_stringn(a->stdin_data, a->stdin_len)) == 0) &&
         (!a->env || json_object_set_new(b, "env", json_incref(a->env)) == 0) &&
         (!stream || json_object_set_new(b, "stream", json_true()) == 0))
         text = json_dumps(b, JSON_COMPACT);
@@ -788,8 +808,8 @@ static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long 
     if ((r = new_req(c, op, &spec)) == NULL)
         goto done;
     cos_engine_stat_add(c->eng, COS_STAT_STREAMS, 1);
-    if (perform(c, r, op, xo) < 0) {
-        if (c->err->kind == COS_E_DEADLINE && atomic_load(&r->stream_started)) {
+    if (perform(c, &r, op, xo) < 0) {
+        if (r != NULL && c->err->kind == COS_E_DEADLINE && atomic_load(&r->stream_started)) {
             xo->timed_out = !xo->has_exit;
             xo->streamed = 1;
             rc = 0;
@@ -809,6 +829,15 @@ static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long 
         } else if (nd != COS_ND_OK) {
             cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: HTTP %ld: %s", r->meta.status,
                         r->nd.errmsg);
+            c->err->status = r->meta.status;
+        } else if (!xo->has_exit) {
+            /* a clean end without the terminal frame: the agent died, or a
+             * proxy cut the stream on a frame boundary; never "exit code -1" */
+            cos_err_set(c->err, COS_E_PROTOCOL,
+                        "exec failed: HTTP %ld: the stream ended without an exit_code frame "
+                        "(the guest agent may have crashed; %zu frames received)",
+                        r->meta.status, xo->frames);
+            cos_strlcpy(c->err->code, "no_exit_frame", sizeof c->err->code);
             c->err->status = r->meta.status;
         } else {
             xo->streamed = 1;
@@ -849,7 +878,7 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
     spec.mode = COS_RESP_JSON;
     /* both streams at the cap, JSON-escaped, fit; more cannot be parsed */
     spec.body_cap = limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
-    if ((r = new_req(c, op, &spec)) == NULL || perform(c, r, op, NULL) < 0)
+    if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
     if (r->rc != CURLE_OK) {
         transport_error(c, r, op);
@@ -864,6 +893,11 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
     pthread_mutex_lock(&xo->mu);
     rc = cos_exec_result_parse(op, data, xo, c->err);
     pthread_mutex_unlock(&xo->mu);
+    if (rc == 0 && !xo->has_exit) {
+        cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: the result has no exit_code");
+        cos_strlcpy(c->err->code, "no_exit_frame", sizeof c->err->code);
+        rc = -1;
+    }
 done:
     json_decref(data);
     if (r)
@@ -989,6 +1023,7 @@ static void run_cleanup(cos_ctx *c, const char *id, int background)
     cos_err derr;
     cos_ctx dc = *c;
     cos_req *r;
+    double hard_end;
 
     cos_err_clear(&derr);
     dc.err = &derr;
@@ -1004,6 +1039,7 @@ static void run_cleanup(cos_ctx *c, const char *id, int background)
         cos_engine_release(c->eng, r);
         return;
     }
+    hard_end = cos_now_ms() + (double)r->timeout_ms + 1000.0;
     for (;;) {
         if (cos_req_wait(r, COS_SLICE_MS))
             break;
@@ -1012,6 +1048,14 @@ static void run_cleanup(cos_ctx *c, const char *id, int background)
             c->aborted = 1;
             cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
             if (cos_engine_detach(c->eng, r) == 0)
+                return;
+            break;
+        }
+        if (cos_now_ms() > hard_end) {
+            /* the same backstop as every other wait: the delete borrows no
+             * memory of ours, so it can be left to the engine */
+            cos_engine_cancel(c->eng, r);
+            if (settle_cancelled(&dc, &r) < 0)
                 return;
             break;
         }

@@ -11,7 +11,13 @@
 #include "envelope.h"
 
 #define COS_DEFAULT_MAX_OUTPUT ((size_t)16 << 20)
+/* The largest max_output_bytes accepted: 1 GiB per stream. The buffered
+ * exec's body cap (4x plus 1 MiB, for JSON escapes) stays far from wrapping. */
+#define COS_MAX_OUTPUT_LIMIT ((size_t)1 << 30)
 #define COS_SLICE_MS 100.0
+/* How long a caller waits for the I/O thread to drop a cancelled request
+ * before it abandons the request to the engine and returns. */
+#define COS_CANCEL_GRACE_MS 2000.0
 
 /* Return non-zero to stop the call (the binding then has an error pending).
  * xo is the live exec output, or NULL. */
@@ -30,7 +36,8 @@ typedef struct cos_ctx {
 typedef struct cos_exec_args {
     const char *cmd;
     json_t *args;        /* array of strings, or NULL */
-    const char *stdin_data; /* NULL: none */
+    const char *stdin_data; /* NULL: none; may hold NUL bytes */
+    size_t stdin_len;
     json_t *env;         /* object of strings, or NULL */
     long timeout_ms;
     int stream;

@@ -20,6 +20,7 @@ curl_version: str
 jansson_version: str
 
 DEFAULT_MAX_OUTPUT_BYTES: int  # 16 MiB per stream
+MAX_OUTPUT_BYTES_LIMIT: int  # 1 GiB: the largest max_output_bytes accepted (ValueError above)
 
 class CreateOSError(Exception):
     """Base of every error the native client raises.
@@ -84,7 +85,7 @@ class ExecResult:
     ) -> None: ...
     stdout: str
     stderr: str
-    exit_code: int  # -1 when a stream ended without an exit frame
+    exit_code: int  # -1 only with timed_out=True (no exit status before the deadline)
     error: str | None  # the service's result.error (command could not start)
     exec_ms: float | None  # the program's own time as reported by the service
     stdout_truncated: bool
@@ -169,8 +170,11 @@ class Client:
 
         `timeout` is the whole deadline of the call. With no stream started (no
         2xx status line yet) the deadline raises DeadlineError. A stream cut off
-        mid-way (connection reset/closed before EOF) raises ProtocolError; a
-        stream that ends cleanly without an exit frame gives exit_code -1.
+        mid-way (connection reset/closed before EOF) raises ProtocolError, and so
+        does a stream that ends cleanly without an exit frame (code
+        "no_exit_frame": the guest agent died; the program's fate is unknown).
+        stdin is sent whole, NUL characters included. max_output_bytes is
+        0..MAX_OUTPUT_BYTES_LIMIT (1 GiB), else ValueError.
         stdout and stderr are each capped at max_output_bytes (cut on a UTF-8
         boundary, *_truncated set); the rest of the stream is read and dropped, so
         memory stays near the cap whatever the guest prints. A buffered (non

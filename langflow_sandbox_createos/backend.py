@@ -43,7 +43,6 @@ NAME_PREFIX = "lf-"
 EXIT_CODE_TIMEOUT = -1
 GUEST_TIMEOUT_STATUS = 124
 KILLED_STATUS = 137
-STREAM_ENDED_STATUS = -1  # the native client's exit_code when a stream had no exit frame
 
 # Past the guest's own clock, how long the host waits for the stream before giving up.
 # The guest's `timeout` is authoritative; this only bounds a wedged control plane.
@@ -425,11 +424,6 @@ def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
         exit_code = EXIT_CODE_TIMEOUT
     elif result.exit_code == GUEST_TIMEOUT_STATUS:
         exit_code = EXIT_CODE_TIMEOUT
-    elif result.exit_code == STREAM_ENDED_STATUS:
-        raise SandboxExecutionError(
-            f"CreateOS: the exec stream of guest {result.sandbox_id} ended without an exit status; "
-            "the control plane or the network dropped it."
-        )
     elif result.exit_code < 0:  # a signal reported as its negative number
         exit_code = 128 - result.exit_code
     else:

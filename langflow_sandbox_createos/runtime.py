@@ -137,11 +137,20 @@ _STATUS_HINTS = {
 }
 
 
+# The native ProtocolError's code when an exec stream ended cleanly without its exit frame.
+NO_EXIT_FRAME = "no_exit_frame"
+
+
 def describe(exc: BaseException) -> str:
     """A one-paragraph description of a native error with the fix, key-free."""
     status = getattr(exc, "status", None)
     native = _native()
-    if status in _STATUS_HINTS:
+    if getattr(exc, "code", None) == NO_EXIT_FRAME:
+        hint = (
+            "the exec stream ended without an exit status (the guest agent may have crashed, or "
+            "the network dropped the stream): the program's fate is unknown; retry the run"
+        )
+    elif status in _STATUS_HINTS:
         hint = _STATUS_HINTS[status]
     elif isinstance(status, int) and status >= 500:
         hint = "the CreateOS control plane failed; retry later"

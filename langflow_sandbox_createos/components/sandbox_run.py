@@ -545,13 +545,6 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
 
 def _outcome(result: Any, req: RunRequest, sandbox_id: str | None, reused: bool) -> RunOutcome:
     exit_code = int(result.exit_code)
-    if exit_code == -1 and not result.timed_out and not result.error:
-        # the native client's "stream ended without an exit frame": the program's fate is
-        # unknown, which is an infrastructure failure, not a result
-        raise SandboxExecutionError(
-            f"CreateOS: the exec stream of guest {sandbox_id} ended without an exit status; "
-            "the control plane or the network dropped it. Retry the run."
-        )
     timed_out = bool(result.timed_out) or exit_code == 124
     start_error = result.error or None
     if start_error and exit_code == 0:

@@ -7,7 +7,10 @@ Body accepted by ``PUT /_local/faults`` (every key optional)::
      "rules": [{"route": "create" | "*", "status": 429, "retry_after": 2,
                 "body": "non-json" | "truncated" | "wrong-envelope" | "reflect-headers",
                 "reset": true, "after_bytes": 100, "hang": true, "drip_bytes_per_sec": 10,
-                "latency_ms": 25, "times": 1, "probability": 0.5}]}
+                "latency_ms": 25, "times": 1, "probability": 0.5, "drop_exit": true}]}
+
+``drop_exit`` (``exec_stream``): the stream ends cleanly without its ``exit_code`` frame, as when
+the guest agent dies mid-command.
 """
 
 from __future__ import annotations
@@ -78,13 +81,14 @@ class FaultRule:
     latency_ms: int = 0
     times: int | None = None
     probability: float = 1.0
+    drop_exit: bool = False
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"route": self.route}
         for key in ("status", "retry_after", "body", "after_bytes", "drip_bytes_per_sec", "times"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
-        for key in ("reset", "hang"):
+        for key in ("reset", "hang", "drop_exit"):
             if getattr(self, key):
                 out[key] = True
         if self.latency_ms:
@@ -141,6 +145,7 @@ def parse_rule(raw: Any) -> FaultRule:
         reset=bool(raw.get("reset", False)),
         after_bytes=_int(raw, "after_bytes"),
         hang=bool(raw.get("hang", False)),
+        drop_exit=bool(raw.get("drop_exit", False)),
         drip_bytes_per_sec=_int(raw, "drip_bytes_per_sec", 1),
         latency_ms=_int(raw, "latency_ms", 0, 600_000) or 0,
         times=_int(raw, "times", 1),
@@ -250,6 +255,8 @@ class FaultMiddleware:
                 send = _dripping(send, rule.drip_bytes_per_sec)
             if rule.reset and rule.after_bytes is not None:
                 send = _resetting(send, scope, rule.after_bytes)
+            if rule.drop_exit:
+                send = _dropping_exit(send)
         await self.app(scope, receive, send)
 
     async def _answer(self, rule: FaultRule, scope: Scope, receive: Receive, send: Send) -> None:
@@ -321,6 +328,17 @@ def _dripping(send: Send, rate: int) -> Send:
             await asyncio.sleep(len(piece) / rate)
 
     return dripping_send
+
+
+def _dropping_exit(send: Send) -> Send:
+    """Swallow the stream's exit_code frame (each frame is one body message)."""
+
+    async def dropping_send(message: Message) -> None:
+        if message["type"] == "http.response.body" and message.get("body", b"").startswith(b'{"exit_code"'):
+            return
+        await send(message)
+
+    return dropping_send
 
 
 def _resetting(send: Send, scope: Scope, after_bytes: int) -> Send:

@@ -270,3 +270,16 @@ def test_buffered_exec_fallback_timeout(
     monkeypatch.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "1")
     result = backend.run("import time\nprint('early')\ntime.sleep(60)\n")
     assert (result.exit_code, result.stdout) == (-1, "early\n")
+
+
+def test_stream_without_exit_frame_is_a_clear_execution_error(
+    backend: CreateOSBackend, backend_env: Any
+) -> None:
+    """A guest agent that dies mid-command ends the stream cleanly but without an exit status:
+    the run fails with that reason instead of reporting the program exited -1."""
+    backend_env.set_faults({"rules": [{"route": "exec_stream", "drop_exit": True, "times": 1}]})
+    with pytest.raises(SandboxExecutionError, match="ended without an exit status") as info:
+        backend.run("print(1)")
+    assert "retry the run" in str(info.value) and "which is being deleted" in str(info.value)
+    backend.shutdown()
+    assert undeleted_guests(backend_env) == []

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
 import pytest
 
@@ -177,3 +178,15 @@ def test_env_at_exec(client: _createos.Client) -> None:
         assert info.value.status == 400 and info.value.code == "env_not_declared"
     finally:
         client.delete(view["id"])
+
+
+def test_stream_without_exit_frame_is_a_protocol_error(
+    client: _createos.Client, sandbox: dict[str, Any], cp: LocalControlPlane
+) -> None:
+    """Not exit_code=-1 with error=None: the caller can tell a dead agent from a program."""
+    cp.set_faults({"rules": [{"route": "exec_stream", "drop_exit": True, "times": 1}]})
+    with pytest.raises(_createos.ProtocolError) as info:
+        client.exec(sandbox["id"], "echo", ["hi"], timeout=10)
+    assert info.value.code == "no_exit_frame" and info.value.status == 200
+    assert "without an exit_code frame" in str(info.value)
+    assert client.exec(sandbox["id"], "echo", ["hi"], timeout=10).exit_code == 0

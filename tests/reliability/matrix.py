@@ -84,7 +84,9 @@ CALLS: dict[str, str] = {
 SURFACES = ("backend", "component", "component-files", "component-reuse", "executor")
 
 _NO_REUSE = "makes no guest lookup: every run creates its own guest"
-SKIPS: dict[tuple[str, str], str] = {
+# (surface, call) pairs that do not exist: the surface never makes that call, so there is no
+# cell to run (none is generated; the coverage line of the summary counts them).
+NOT_MADE: dict[tuple[str, str], str] = {
     ("backend", "list"): "the backend " + _NO_REUSE,
     ("backend", "get"): "the backend " + _NO_REUSE,
     ("backend", "resume"): "the backend never pauses or resumes: its guests are deleted after each run",
@@ -304,18 +306,35 @@ _BUDGET = (
 )
 
 
+def pairs() -> list[tuple[str, str]]:
+    """Every (surface, call) pair that exists: the surface makes that call."""
+    return [(s, c) for s in SURFACES for c in CALLS if (s, c) not in NOT_MADE]
+
+
 def all_cases(full: bool = False) -> tuple[list[Case], list[tuple[Case, str]]]:
+    """The cells that exist (every existing pair x every fault): those run, and those skipped
+    for the CI budget (run with full=True)."""
     run: list[Case] = []
     skipped: list[tuple[Case, str]] = []
-    for s in SURFACES:
-        for c in CALLS:
-            for f in FAULTS:
-                case = Case(s, c, f)
-                reason = SKIPS.get((s, c))
-                if not reason and not full and (s, c) == ("executor", "delete"):
-                    reason = None if f in CI_EXECUTOR_DELETE_FAULTS else _BUDGET
-                if reason:
-                    skipped.append((case, reason))
-                else:
-                    run.append(case)
+    for s, c in pairs():
+        for f in FAULTS:
+            case = Case(s, c, f)
+            if not full and (s, c) == ("executor", "delete") and f not in CI_EXECUTOR_DELETE_FAULTS:
+                skipped.append((case, _BUDGET))
+            else:
+                run.append(case)
     return run, skipped
+
+
+def coverage(run: int, skipped: int) -> list[str]:
+    """The matrix's coverage, for the session summary."""
+    existing = pairs()
+    per_surface = {s: [c for t, c in existing if t == s] for s in SURFACES}
+    cells = len(existing) * len(FAULTS)
+    lines = [
+        f"coverage: {len(existing)} of {len(SURFACES) * len(CALLS)} surface x call pairs exist "
+        f"x {len(FAULTS)} faults = {cells} cells; {run} run, {skipped} skipped for the CI budget "
+        f"({100 * run / cells:.0f} % of the cells run)",
+    ]
+    lines += [f"  {s}: {', '.join(calls)}" for s, calls in per_surface.items()]
+    return lines

@@ -1,0 +1,235 @@
+/* Python <-> JSON (jansson) for the binding. Python values are user code:
+ * mappings and sequences are snapshotted into tuples we own before any
+ * nested conversion runs more user code, items are type-checked pairs,
+ * integers range-checked, strings and keys kept whole (NUL included). */
+#include "module.h"
+
+#include <math.h>
+
+PyObject *cos_json_to_py(json_t *j)
+{
+    PyObject *out = NULL, *v;
+    const char *k;
+    size_t klen;
+    json_t *jv;
+    size_t i;
+
+    switch (json_typeof(j)) {
+    case JSON_OBJECT:
+        if ((out = PyDict_New()) == NULL)
+            return NULL;
+        /* keys by length: a key may hold NUL (\u0000) */
+        json_object_keylen_foreach(j, k, klen, jv) {
+            PyObject *key = cos_decode(k, klen);
+            int bad;
+            v = key ? cos_json_to_py(jv) : NULL;
+            bad = v == NULL || PyDict_SetItem(out, key, v) < 0;
+            Py_XDECREF(key);
+            Py_XDECREF(v);
+            if (bad) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        return out;
+    case JSON_ARRAY:
+        if ((out = PyList_New((Py_ssize_t)json_array_size(j))) == NULL)
+            return NULL;
+        json_array_foreach(j, i, jv) {
+            if ((v = cos_json_to_py(jv)) == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+        }
+        return out;
+    case JSON_STRING:
+        return cos_decode(json_string_value(j), json_string_length(j));
+    case JSON_INTEGER:
+        return PyLong_FromLongLong(json_integer_value(j));
+    case JSON_REAL:
+        return PyFloat_FromDouble(json_real_value(j));
+    case JSON_TRUE:
+        Py_RETURN_TRUE;
+    case JSON_FALSE:
+        Py_RETURN_FALSE;
+    default:
+        Py_RETURN_NONE;
+    }
+}
+
+static json_t *py_to_json(PyObject *o, int depth);
+
+/* A mapping -> JSON object. items() is user code: whatever it returns is
+ * snapshotted into a tuple we own (nested conversions run more user code that
+ * may mutate the list it returned), and every item must be a (str, value) pair. */
+static json_t *mapping_to_json(PyObject *o, int depth)
+{
+    PyObject *items = PyMapping_Items(o), *snap = NULL;
+    json_t *out = NULL;
+    Py_ssize_t i, n;
+
+    if (items == NULL)
+        goto error;
+    if ((snap = PySequence_Tuple(items)) == NULL)
+        goto error;
+    if ((out = json_object()) == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    n = PyTuple_GET_SIZE(snap);
+    for (i = 0; i < n; i++) {
+        PyObject *kv = PyTuple_GET_ITEM(snap, i), *key;
+        const char *ks;
+        Py_ssize_t klen;
+        json_t *v;
+        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2) {
+            PyErr_Format(PyExc_TypeError,
+                         "%.100s.items() must yield (key, value) pairs, got %.100s",
+                         Py_TYPE(o)->tp_name, Py_TYPE(kv)->tp_name);
+            goto error;
+        }
+        key = PyTuple_GET_ITEM(kv, 0);
+        if (!PyUnicode_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "JSON object keys must be str");
+            goto error;
+        }
+        if ((ks = PyUnicode_AsUTF8AndSize(key, &klen)) == NULL ||
+            (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
+            goto error;
+        if (json_object_setn_new(out, ks, (size_t)klen, v) < 0) {
+            PyErr_SetString(PyExc_ValueError, "invalid JSON object key");
+            goto error;
+        }
+    }
+    Py_DECREF(items);
+    Py_DECREF(snap);
+    return out;
+error:
+    Py_XDECREF(items);
+    Py_XDECREF(snap);
+    json_decref(out);
+    return NULL;
+}
+
+/* A sequence -> JSON array, from a tuple snapshot (a list may be mutated by
+ * the user code that nested conversions run). */
+static json_t *sequence_to_json(PyObject *o, int depth)
+{
+    PyObject *snap = PySequence_Tuple(o);
+    json_t *out = NULL;
+    Py_ssize_t i, n;
+
+    if (snap == NULL)
+        return NULL;
+    if ((out = json_array()) == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    n = PyTuple_GET_SIZE(snap);
+    for (i = 0; i < n; i++) {
+        json_t *v = py_to_json(PyTuple_GET_ITEM(snap, i), depth + 1);
+        if (v == NULL)
+            goto error;
+        if (json_array_append_new(out, v) < 0) {
+            PyErr_NoMemory();
+            goto error;
+        }
+    }
+    Py_DECREF(snap);
+    return out;
+error:
+    Py_DECREF(snap);
+    json_decref(out);
+    return NULL;
+}
+
+/* Python value -> new jansson value; NULL with a Python exception. */
+static json_t *py_to_json(PyObject *o, int depth)
+{
+    json_t *out = NULL;
+    Py_ssize_t n;
+
+    if (depth > 64) {
+        PyErr_SetString(PyExc_ValueError, "JSON value nested too deeply");
+        return NULL;
+    }
+    if (o == Py_None)
+        return json_null();
+    if (PyBool_Check(o))
+        return json_boolean(o == Py_True);
+    if (PyLong_Check(o)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        if (overflow) {
+            PyErr_SetString(PyExc_ValueError, "integer out of the JSON range (64-bit signed)");
+            return NULL;
+        }
+        return json_integer(v);
+    }
+    if (PyFloat_Check(o)) {
+        double d = PyFloat_AS_DOUBLE(o);
+        if (!isfinite(d)) {
+            PyErr_SetString(PyExc_ValueError, "NaN and infinity are not JSON");
+            return NULL;
+        }
+        return json_real(d);
+    }
+    if (PyUnicode_Check(o)) {
+        const char *s = PyUnicode_AsUTF8AndSize(o, &n);
+        if (s == NULL)
+            return NULL;
+        out = json_stringn(s, (size_t)n);
+        if (out == NULL)
+            PyErr_SetString(PyExc_ValueError, "value cannot be encoded as JSON");
+        return out;
+    }
+    if (PyDict_Check(o) || (PyMapping_Check(o) && !PySequence_Check(o)))
+        return mapping_to_json(o, depth);
+    if (PyList_Check(o) || PyTuple_Check(o) ||
+        (PySequence_Check(o) && !PyBytes_Check(o) && !PyByteArray_Check(o)))
+        return sequence_to_json(o, depth);
+    PyErr_Format(PyExc_TypeError, "%.100s is not JSON-serializable", Py_TYPE(o)->tp_name);
+    return NULL;
+}
+
+/* A JSON value of the given kind, or NULL (obj None) — error when *ok is 0. */
+json_t *cos_arg_json(PyObject *o, int want_object, const char *what, int *ok)
+{
+    json_t *j;
+    *ok = 1;
+    if (o == NULL || o == Py_None)
+        return NULL;
+    j = py_to_json(o, 0);
+    if (j == NULL) {
+        *ok = 0;
+        return NULL;
+    }
+    if (want_object ? !json_is_object(j) : !json_is_array(j)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a %s", what, want_object ? "mapping" : "sequence");
+        json_decref(j);
+        *ok = 0;
+        return NULL;
+    }
+    return j;
+}
+
+/* A list of strings, as a JSON array (args, egress rules). */
+json_t *cos_arg_str_list(PyObject *o, const char *what, int *ok)
+{
+    json_t *j = cos_arg_json(o, 0, what, ok), *v;
+    size_t i;
+    if (j == NULL)
+        return NULL;
+    json_array_foreach(j, i, v) {
+        if (!json_is_string(v)) {
+            PyErr_Format(PyExc_TypeError, "%s must contain only str", what);
+            json_decref(j);
+            *ok = 0;
+            return NULL;
+        }
+    }
+    return j;
+}
