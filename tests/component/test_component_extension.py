@@ -100,3 +100,23 @@ def test_check_timeout() -> None:
     assert sandbox_run.check_timeout("15") == 15
     assert sandbox_run.check_timeout(3600) == 3600
     assert sandbox_run.check_timeout(7.0) == 7
+
+
+def test_bundle_display_name_and_icon_as_lfx_reads_them() -> None:
+    """lfx's manifest model carries the bundle's sidebar label and Lucide icon (snake_case keys)."""
+    from lfx.extension.manifest import load_manifest
+
+    [bundle] = load_manifest(PACKAGE_DIR).manifest.bundles
+    assert (bundle.name, bundle.display_name, bundle.icon) == ("createos", "CreateOS", "Server")
+
+
+def test_documentation_link_is_this_projects_docs(component_cls: type) -> None:
+    import tomllib
+
+    from langflow_sandbox_createos import DOCS_URL
+
+    assert component_cls.documentation == f"{DOCS_URL}/component.md"
+    assert "createos-plugin" not in component_cls.documentation  # the 0.2.0 plugin's repository
+    assert (PACKAGE_DIR.parent / "docs" / "component.md").is_file()
+    project = tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())["project"]
+    assert project["urls"]["Documentation"] == DOCS_URL

@@ -116,7 +116,9 @@ def test_wheel_contents(dist: Path) -> None:
     for group, (name, value) in ENTRY_POINTS.items():
         assert f"[{group}]" in entry_points.decode() and f"{name} = {value}" in entry_points.decode()
     manifest = json.loads(zipfile.ZipFile(wheel).read(f"{PKG}/extension.json"))
-    assert manifest["bundles"] == [{"name": "createos", "path": "components/createos"}]
+    assert manifest["bundles"] == [
+        {"name": "createos", "path": "components/createos", "display_name": "CreateOS", "icon": "Server"}
+    ]
 
 
 def test_wheel_in_a_fresh_venv_resolves_all_three_entry_points(dist: Path, tmp_path: Path) -> None:
