@@ -35,6 +35,7 @@ WHEEL_MUST_HAVE = [
     f"{PKG}/components/createos/createos_sandbox.py",
     f"{PKG}/guest/runner.py",
     f"{PKG}/starter/createos_starter_flow.json",
+    "createos_langflow.py",  # the createos-langflow launcher
 ]
 ENTRY_POINTS = {
     "lfx.sandbox_backends": ("createos", f"{PKG}.backend:create_backend"),
@@ -121,10 +122,18 @@ def test_wheel_contents(dist: Path) -> None:
     ]
 
 
-def test_wheel_in_a_fresh_venv_resolves_all_three_entry_points(dist: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``pip install`` of the wheel (with its dependencies, lfx among them) into an empty venv."""
-    python = fresh_venv(tmp_path / "venv")
-    run([uv(), "pip", "install", "-q", "--python", python, only(dist, "*.whl")], cwd=tmp_path)
+    where = tmp_path_factory.mktemp("installed")
+    python = fresh_venv(where / "venv")
+    run([uv(), "pip", "install", "-q", "--python", python, only(dist, "*.whl")], cwd=where)
+    return python
+
+
+def test_wheel_in_a_fresh_venv_resolves_all_three_entry_points(installed: Path, tmp_path: Path) -> None:
+    python = installed
+    venv = python.parent.parent
     probe = textwrap.dedent(
         f"""
         import importlib.metadata as md, json, sys
@@ -145,8 +154,68 @@ def test_wheel_in_a_fresh_venv_resolves_all_three_entry_points(dist: Path, tmp_p
     found = json.loads(run([python, "-c", probe], cwd=tmp_path).stdout)
     for group, (_name, value) in ENTRY_POINTS.items():
         assert found[group][:2] == [value, "langflow-sandbox-createos"], found
-    assert found["package"].startswith(str(tmp_path / "venv")), found  # not the checkout
-    assert found["native"].startswith(str(tmp_path / "venv")), found
+    assert found["package"].startswith(str(venv)), found  # not the checkout
+    assert found["native"].startswith(str(venv)), found
+
+
+def doctor(python: Path, tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    scrubbed = {k: v for k, v in os.environ.items() if not k.startswith(("LANGFLOW_", "CREATEOS_", "PYTHON"))}
+    proc = subprocess.run(
+        [python.parent / "createos-langflow", "doctor", "--json"],
+        cwd=tmp_path,
+        env={**scrubbed, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(proc.stdout)
+    return proc, next(c for c in report["checks"] if c["name"] == "implementation")
+
+
+def test_doctor_names_the_implementation_and_warns_when_0_2_0_shadows_it(
+    installed: Path, tmp_path: Path
+) -> None:
+    """The real shadowing: the pure-Python 0.2.0 from PyPI earlier on sys.path (here a
+    ``pip install --target`` directory on PYTHONPATH, as a ``pip install --user`` copy is)."""
+    _, ok = doctor(installed, tmp_path)
+    assert ok["ok"] is True, ok
+    assert re.match(
+        r"langflow-sandbox-createos 0\.3\.0, native client 0\.3\.0, libcurl [\d.]+, jansson [\d.]+",
+        ok["detail"],
+    )
+
+    peer = tmp_path / "peer"
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            peer,
+            "langflow-sandbox-createos==0.2.0",
+        ],
+        cwd=tmp_path,
+    )
+    shadowed = {"PYTHONPATH": str(peer)}
+    # What every module-path entry point does in that environment: 0.2.0 has no CLI.
+    plain = subprocess.run(
+        [installed, "-c", "import langflow_sandbox_createos.cli"],
+        cwd=tmp_path,
+        env={**os.environ, **shadowed},
+        capture_output=True,
+        text=True,
+    )
+    assert "No module named 'langflow_sandbox_createos.cli'" in plain.stderr, plain.stderr
+
+    proc, shadow = doctor(installed, tmp_path, **shadowed)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert shadow["ok"] is False
+    assert f"langflow-sandbox-createos 0.2.0 (pure Python, no native client) at {peer}" in shadow["detail"]
+    assert "shadows this installation, langflow-sandbox-createos 0.3.0 (native client)" in shadow["detail"]
+    assert str(peer / "langflow_sandbox_createos") in shadow["fix"]
 
 
 def test_sdist_in_a_fresh_venv_builds_against_system_libraries(dist: Path, tmp_path: Path) -> None:
