@@ -35,6 +35,7 @@ WHEEL_MUST_HAVE = [
     f"{PKG}/components/createos/createos_sandbox.py",
     f"{PKG}/guest/runner.py",
     f"{PKG}/starter/createos_starter_flow.json",
+    f"{PKG}/starter/createos_starter_recipe.json",
     "createos_langflow.py",  # the createos-langflow launcher
 ]
 ENTRY_POINTS = {
