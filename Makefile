@@ -13,7 +13,7 @@ NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) setup.py pyproject.toml
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 20
 
-.PHONY: run langflow wheel-manylinux test test-fast sanitize fuzz bench soak lint format typecheck deps native clean
+.PHONY: run langflow dist wheel-manylinux test test-fast sanitize fuzz bench soak lint format typecheck deps native clean
 
 deps:
 	@scripts/install-system-deps.sh
@@ -89,14 +89,20 @@ typecheck: $(STAMP)
 run: $(STAMP) $(LANGFLOW_STAMP)
 	VENV=$(VENV) VENV_LANGFLOW=$(VENV_LANGFLOW) scripts/run-langflow.sh
 
-# sdist + wheel (the wheel built from the sdist), then a manylinux wheel bundling libcurl,
-# jansson and their dependencies. auditwheel picks the best tag these libraries allow: on
-# Debian 12 that is manylinux_2_34_x86_64 (glibc >= 2.34), not manylinux2014.
-wheel-manylinux: $(STAMP) $(UV)
+# What a user installs: dist/ gets the sdist and the manylinux wheel (the recommended
+# artifact: it bundles libcurl, jansson and their dependencies), the two files a release
+# uploads; dist/plain/ gets the wheel built from the sdist, which links the system libcurl
+# and jansson (fine where they are installed; an index refuses its linux_x86_64 tag).
+# auditwheel picks the best tag these libraries allow: on Debian 12 that is
+# manylinux_2_34_x86_64 (glibc >= 2.34), not manylinux2014. See docs/operations.md.
+dist: $(STAMP) $(UV)
 	rm -rf dist
-	$(VPY) -m build --installer uv --outdir dist .
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat auto -w dist/wheelhouse dist/*.whl
-	@ls -l dist dist/wheelhouse
+	$(VPY) -m build --installer uv --outdir dist/plain .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat auto -w dist dist/plain/*.whl
+	mv dist/plain/*.tar.gz dist/
+	@ls -l dist dist/plain
+
+wheel-manylinux: dist
 
 clean:
 	rm -rf build dist *.egg-info langflow_sandbox_createos/*.so csrc/fuzz/bin

@@ -10,3 +10,7 @@ is still building its own settings.
 """
 
 __version__ = "0.3.0"
+
+# Where this project's documentation lives (docs/ of its repository). The component's
+# "Documentation" link and pyproject's [project.urls] both point here (a test keeps them equal).
+DOCS_URL = "https://github.com/NodeOps-app/langflow-sandbox-createos/tree/main/docs"

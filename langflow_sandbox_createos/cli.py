@@ -261,10 +261,45 @@ def _check_control_plane(report: Report, backend: Any) -> None:
         )
 
 
+def _check_implementation(report: Report) -> None:
+    from langflow_sandbox_createos import installation
+
+    ours = installation.this_copy()
+    try:
+        native = installation.native_versions()
+    except ImportError as exc:
+        report.add(
+            Check(
+                "implementation",
+                False,
+                f"{ours.describe()}: the native client does not load ({exc})",
+                f"reinstall {DISTRIBUTION} (the manylinux wheel bundles libcurl and jansson)",
+            )
+        )
+        return
+    imported = installation.imported_copy()
+    if imported is not None and imported.directory != ours.directory:
+        report.add(
+            Check(
+                "implementation",
+                False,
+                f"Python (and so Langflow) imports {imported.describe()}, which shadows this installation, "
+                f"{ours.describe()}",
+                f"remove the other copy: rm -r {imported.directory} and its "
+                f"{DISTRIBUTION} dist-info, or pip uninstall it in the environment that installed it",
+            )
+        )
+        return
+    report.add(
+        Check("implementation", True, f"{DISTRIBUTION} {ours.version or '?'}, {native}, at {ours.directory}")
+    )
+
+
 def doctor(environ: dict[str, str] | None = None) -> Report:
     env = dict(os.environ) if environ is None else environ
     surfaces, checks = _surfaces(env)
     report = Report(surfaces=surfaces, checks=checks)
+    _check_implementation(report)
     _check_entry_points(report)
     backend = _check_policy(report)
     _check_control_plane(report, backend)

@@ -8,7 +8,8 @@
 #     real control plane they name is used);
 #  3. starts `langflow run` with the sandbox backend switched on, waits for it, imports the
 #     starter flow (Python Interpreter + CreateOS Sandbox) through Langflow's REST API and
-#     prints the URL to open.
+#     prints the URL to open. With LANGFLOW_AUTO_LOGIN=false the import logs in with
+#     LANGFLOW_API_KEY, or LANGFLOW_SUPERUSER and LANGFLOW_SUPERUSER_PASSWORD.
 # Ctrl-C (or SIGTERM) stops Langflow, deletes the guests the plugin left on the local control
 # plane (`createos-langflow reap --yes`) and stops createos-local.
 #

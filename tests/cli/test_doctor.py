@@ -202,3 +202,14 @@ def test_console_script_human_output(control_plane, cp):
     assert "fix: export LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true" in proc.stdout
     assert "Verdict: fix the FAIL lines above" in proc.stdout
     assert control_plane.api_key not in proc.stdout + proc.stderr
+
+
+def test_implementation_names_the_native_client_and_its_libraries(env, capsys):
+    from langflow_sandbox_createos import _createos
+
+    code, report = run_doctor(capsys)
+    assert code == 0, report
+    found = check(report, "implementation")
+    assert found["ok"] is True
+    assert found["detail"].startswith("langflow-sandbox-createos 0.3.0, native client 0.3.0")
+    assert f"libcurl {_createos.curl_version}, jansson {_createos.jansson_version}" in found["detail"]

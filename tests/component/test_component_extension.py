@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from lfx.extension.discovery import discover_installed_extensions
 from lfx.extension.loader import load_extension_bundles
+from lfx.extension.manifest import ExtensionManifest, load_manifest
 from lfx.schema.data import Data
 from lfx.schema.dataframe import DataFrame
 
@@ -102,3 +105,32 @@ def test_check_timeout() -> None:
     assert sandbox_run.check_timeout("15") == 15
     assert sandbox_run.check_timeout(3600) == 3600
     assert sandbox_run.check_timeout(7.0) == 7
+
+
+def test_bundle_display_name_and_icon_as_lfx_reads_them() -> None:
+    """lfx's manifest model carries the bundle's sidebar label and Lucide icon (snake_case keys)."""
+    [bundle] = load_manifest(PACKAGE_DIR).manifest.bundles
+    assert (bundle.name, bundle.display_name, bundle.icon) == ("createos", "CreateOS", "Server")
+
+
+def test_documentation_link_is_this_projects_docs(component_cls: type) -> None:
+    import tomllib
+
+    from langflow_sandbox_createos import DOCS_URL
+
+    assert component_cls.documentation == f"{DOCS_URL}/component.md"
+    assert "createos-plugin" not in component_cls.documentation  # the 0.2.0 plugin's repository
+    assert (PACKAGE_DIR.parent / "docs" / "component.md").is_file()
+    project = tomllib.loads((PACKAGE_DIR.parent / "pyproject.toml").read_text())["project"]
+    assert project["urls"]["Documentation"] == DOCS_URL
+
+
+def test_lfx_still_refuses_starter_projects_in_the_manifest() -> None:
+    """Why the starter flow ships as a file (docs/operations.md): lfx 1.13 reserves the
+    manifest's ``starterProjects`` and refuses a value. When this fails, ship it there."""
+    manifest = json.loads((PACKAGE_DIR / "extension.json").read_text())
+    ExtensionManifest.model_validate(manifest)
+    with pytest.raises(ValueError, match=r"starterProjects|starter_projects"):
+        ExtensionManifest.model_validate(
+            {**manifest, "starterProjects": ["starter/createos_starter_flow.json"]}
+        )

@@ -2,6 +2,10 @@
 ``scripts/run-langflow.sh`` (what ``make run`` runs), on free ports, with its own
 createos-local. One server for the whole session: Langflow takes 30-90 s to start on 2 cores.
 
+Authentication is on (``LANGFLOW_AUTO_LOGIN=false`` and a superuser), as on a shared or
+production Langflow: the script's starter import logs in with the superuser's credentials,
+REST clients log in the same way, and the browser goes through Langflow's login page.
+
 Teardown stops it with SIGINT (Ctrl-C) and checks what ``make run`` promises: both servers
 gone, no guest left behind. The Langflow and createos-local logs are attached to any failing
 test that used the server.
@@ -13,6 +17,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -37,6 +42,7 @@ ARTIFACTS = ROOT / "tests" / "artifacts"
 LOCAL_API_KEY = "dev-key"  # scripts/run-langflow.sh's key for its createos-local
 # The plugin's settings must come from the script, never from the test process.
 _SCRUB = ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY", "CREATEOS_SANDBOX_BASE_URL", "LANGFLOW_")
+SUPERUSER = "createos-e2e"
 
 
 def free_port() -> int:
@@ -58,6 +64,8 @@ class LangflowServer:
     start_seconds: float | None = None
     reuse_idle_seconds: int = 2  # the server's CREATEOS_SANDBOX_REUSE_IDLE_SECONDS
     local_api_key: str = LOCAL_API_KEY
+    username: str = SUPERUSER
+    password: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     _pump: threading.Thread | None = None
 
     @property
@@ -74,9 +82,18 @@ class LangflowServer:
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
 
     def client(self) -> LangflowClient:
+        """A REST client logged in as the superuser (authentication is on)."""
         client = LangflowClient(self.url, timeout=180)
-        client.login()
+        client.login_with_password(self.username, self.password)
         return client
+
+    def login(self, page: Any) -> None:
+        """Langflow's login page, as a user fills it in."""
+        page.goto(f"{self.url}/login", timeout=120_000)
+        page.fill("#login-username", self.username)
+        page.fill('input[type="password"]', self.password)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(lambda url: "/login" not in url, timeout=120_000)
 
     # -- createos-local's admin API (what LocalControlPlane.sandboxes() reads) -----------------
     def stats(self) -> dict[str, Any]:
@@ -119,6 +136,9 @@ class LangflowServer:
             SKIP_INSTALL="1",  # make test built .venv-langflow already
             LANGFLOW_START_TIMEOUT=str(int(START_TIMEOUT)),
             LANGFLOW_CREATE_STARTER_PROJECTS="false",  # Langflow's own ~30 starters: slow, unused
+            LANGFLOW_AUTO_LOGIN="false",
+            LANGFLOW_SUPERUSER=self.username,
+            LANGFLOW_SUPERUSER_PASSWORD=self.password,
             DO_NOT_TRACK="true",
             # Code execution for administrators only: the auto-login superuser runs code as
             # usual, and test_policy.py's ordinary user is refused (Langflow's own gate).

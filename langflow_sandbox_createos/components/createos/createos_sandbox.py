@@ -15,7 +15,7 @@ from lfx.io import BoolInput, DropdownInput, IntInput, MultilineInput, Output, S
 from lfx.schema.data import Data
 from lfx.schema.dataframe import DataFrame
 
-from langflow_sandbox_createos import artifacts, policy
+from langflow_sandbox_createos import DOCS_URL, artifacts, policy
 from langflow_sandbox_createos.components import sandbox_run
 from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, MAX_TIMEOUT_SECONDS
 
@@ -32,7 +32,7 @@ class CreateOSSandboxComponent(Component):
     description = (
         "Run code or a shell command in an isolated CreateOS microVM, and collect the files it writes."
     )
-    documentation = "https://github.com/NodeOps-app/createos-plugin"
+    documentation = f"{DOCS_URL}/component.md"
     icon = "square-terminal"
     name = "CreateOSSandbox"
 
