@@ -669,6 +669,9 @@ def run(
     (fail closed: a setting or the account must change) or SandboxExecutionError (transient);
     the program's own failure is an outcome with a non-zero exit code, not an exception."""
     note = note or (lambda _text: None)
+    refusal = runtime.nul_refusal(req.program, "Python Code" if req.mode == "python" else "Command")
+    if refusal:
+        raise ValueError(refusal)  # before any setting is read or guest exists
     try:
         accepted = settings.accept_egress_exceptions()
         rootfs = settings.rootfs()

@@ -7,6 +7,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
+from lfx.exceptions.component import ComponentBuildError
+
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 from .conftest import FlowRun, all_ids, run_flow
@@ -129,3 +132,23 @@ def test_unsafe_file_names_serialise_through_the_files_output(
     assert orjson.loads(orjson.dumps(rows)) == rows
     for data in run.files.to_data_list():
         assert orjson.loads(data.model_dump_json())["path"] in {r["path"] for r in rows}
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"command": "echo a\x00b"}, "Command"),
+        ({"python_code": "print(1)\x00print(2)\n"}, "Python Code"),
+        # too long for stdin: it would have been uploaded, and kept the NUL
+        ({"python_code": "x = 1\n" * (300 * 1024 // 6) + "print(1)\x00\n"}, "Python Code"),
+    ],
+)
+def test_nul_in_the_program_is_refused_before_any_guest(
+    component_cls: type, env: LocalControlPlane, params: dict[str, Any], field: str
+) -> None:
+    before = all_ids(env)
+    # e8f911e: the command printed "a"; the short program exited 0; the long one failed
+    with pytest.raises(ComponentBuildError) as info:
+        run_flow(component_cls, **params)
+    assert f"{field} contains a NUL character" in str(info.value)
+    assert all_ids(env) == before
