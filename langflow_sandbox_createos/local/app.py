@@ -536,17 +536,21 @@ def build_app(plane: Plane) -> ASGIApp:
         return success(result)
 
     # -- admin ----------------------------------------------------------------------------
-    def loopback_only(request: Request) -> None:
+    def admin_only(request: Request) -> None:
+        """Admin routes: loopback clients with the API key. A guest whose egress allows all
+        shares the host's network namespace and can reach this socket; without the key
+        (which no guest is given) it gets 401 like on every /v1 route."""
         host = request.client.host if request.client else ""
         if host not in ("127.0.0.1", "::1", "localhost") and not host.startswith("127."):
             raise ApiError(403, "admin routes are served to loopback clients only", "forbidden")
+        plane.authorize(request)
 
     async def local_stats(request: Request) -> Response:
-        loopback_only(request)
+        admin_only(request)
         return Response(json.dumps(plane.stats()), media_type="application/json")
 
     async def local_faults(request: Request) -> Response:
-        loopback_only(request)
+        admin_only(request)
         if request.method == "PUT":
             plane.faults = FaultSet.parse(await json_object(request))
         elif request.method == "DELETE":

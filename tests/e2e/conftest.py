@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -35,7 +36,13 @@ VENV_LANGFLOW = ROOT / os.environ.get("VENV_LANGFLOW", ".venv-langflow")
 START_TIMEOUT = float(os.environ.get("LANGFLOW_E2E_START_TIMEOUT", "420"))
 ARTIFACTS = ROOT / "tests" / "artifacts"
 # The plugin's settings must come from the script, never from the test process.
-_SCRUB = ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY", "CREATEOS_SANDBOX_BASE_URL", "LANGFLOW_")
+_SCRUB = (
+    "CREATEOS_SANDBOX_API_KEY",
+    "CREATEOS_API_KEY",
+    "CREATEOS_SANDBOX_BASE_URL",
+    "CREATEOS_LOCAL_API_KEY",
+    "LANGFLOW_",
+)
 
 
 def free_port() -> int:
@@ -54,6 +61,7 @@ class LangflowServer:
     output: list[str] = field(default_factory=list)
     starter_flow_id: str | None = None
     control_plane_url: str | None = None
+    control_plane_key: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     start_seconds: float | None = None
     _pump: threading.Thread | None = None
 
@@ -69,7 +77,10 @@ class LangflowServer:
     # -- createos-local's admin API (what LocalControlPlane.sandboxes() reads) -----------------
     def stats(self) -> dict[str, Any]:
         assert self.control_plane_url
-        with urllib.request.urlopen(f"{self.control_plane_url}/_local/stats", timeout=10) as r:
+        request = urllib.request.Request(
+            f"{self.control_plane_url}/_local/stats", headers={"X-Api-Key": self.control_plane_key}
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
             return json.loads(r.read())
 
     def sandboxes(self) -> list[dict[str, Any]]:
@@ -103,6 +114,7 @@ class LangflowServer:
         env.update(
             LANGFLOW_PORT=str(self.port),
             CREATEOS_LOCAL_PORT="0",
+            CREATEOS_LOCAL_API_KEY=self.control_plane_key,
             RUN_DIR=str(self.run_dir),
             SKIP_INSTALL="1",  # make test built .venv-langflow already
             LANGFLOW_START_TIMEOUT=str(int(START_TIMEOUT)),
