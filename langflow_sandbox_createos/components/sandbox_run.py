@@ -193,8 +193,8 @@ def check_timeout(value: object) -> int:
         number = value
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        number = int(value.strip())
+    elif isinstance(value, str):
+        number = settings.whole_number(value)  # ASCII digits: not "٣", not "--5"
     if number is None:
         raise ValueError(f"Timeout (seconds) must be a whole number of seconds, not {value!r}.")
     if number < 1 or number > MAX_TIMEOUT_SECONDS:
@@ -390,7 +390,10 @@ class _Phase:
 def _max_output_bytes() -> int:
     try:
         return settings.parse_int(
-            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", settings.DEFAULT_MAX_OUTPUT_BYTES, minimum=1024
+            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
+            settings.DEFAULT_MAX_OUTPUT_BYTES,
+            minimum=settings.MIN_OUTPUT_BYTES,
+            maximum=settings.MAX_OUTPUT_BYTES,
         )
     except SettingsError as exc:
         raise SandboxUnavailableError(str(exc)) from None
