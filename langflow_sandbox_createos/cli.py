@@ -23,7 +23,13 @@ from typing import Any
 from langflow_sandbox_createos import settings
 from langflow_sandbox_createos.settings import SettingsError
 
-PLUGIN_PREFIXES = ("lf-c-", "lf-x-", "lf-")
+# The names the plugin itself generates (22 characters: prefix + hex). The default reap
+# matches these only: not the warm pool's `lf-w-` guests (a running Langflow's pool), and
+# not a sandbox someone else happened to name `lf-...`.
+PLUGIN_NAME = re.compile(r"lf-[0-9a-f]{19}|lf-c-[0-9a-f]{17}|lf-x-[0-9a-f]{17}")
+# A running (or creating) guest younger than this may be a run in progress: kept by default.
+ACTIVE_GRACE_SECONDS = 2 * 3600
+ACTIVE = frozenset({"creating", "running"})
 ENTRY_POINTS = {
     "lfx.sandbox_backends": "createos",
     "langflow.extensions": "langflow-sandbox-createos",
@@ -323,17 +329,27 @@ TERMINAL = frozenset({"destroyed", "destroying", "failed"})
 def find_leftovers(
     rows: Sequence[dict[str, Any]],
     *,
-    prefixes: Sequence[str] = PLUGIN_PREFIXES,
+    prefixes: Sequence[str] | None = None,
     states: Sequence[str] | None = None,
     older_than: float | None = None,
+    include_active: bool = False,
     now: float | None = None,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], int]:
+    """The rows to reap, and how many matching rows were kept as possibly in progress.
+
+    Without `prefixes`, only names the plugin generates match (see PLUGIN_NAME); with them,
+    any name starting with one of them. Unless `include_active`, a `creating` or `running`
+    guest younger than ACTIVE_GRACE_SECONDS is kept: it may be running a program now."""
     now = time.time() if now is None else now
     picked = []
+    active = 0
     for row in rows:
         name = row.get("name") or ""
         status = row.get("status") or ""
-        if not any(name.startswith(p) for p in prefixes):
+        if prefixes is None:
+            if not PLUGIN_NAME.fullmatch(name):
+                continue
+        elif not any(name.startswith(p) for p in prefixes):
             continue
         if states is not None and status not in states:
             continue
@@ -342,8 +358,11 @@ def find_leftovers(
         age = _age_seconds(row, now)
         if older_than is not None and (age is None or age < older_than):
             continue
+        if not include_active and status in ACTIVE and (age is None or age < ACTIVE_GRACE_SECONDS):
+            active += 1
+            continue
         picked.append({**row, "age_seconds": age})
-    return picked
+    return picked, active
 
 
 def _progress(done: int, total: int, stream: Any) -> None:
@@ -364,11 +383,14 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
     except Exception as exc:
         print(f"reap: {runtime.describe(exc) if not isinstance(exc, SettingsError) else exc}", file=err)
         return 2
-    prefixes = tuple(args.prefix) if args.prefix else PLUGIN_PREFIXES
+    prefixes = tuple(args.prefix) if args.prefix else None
     states = tuple(args.state) if args.state else None
-    leftovers = find_leftovers(rows, prefixes=prefixes, states=states, older_than=args.older_than)
+    leftovers, active = find_leftovers(
+        rows, prefixes=prefixes, states=states, older_than=args.older_than, include_active=args.include_active
+    )
     if args.json:
-        json.dump({"guests": leftovers, "dry_run": not args.yes}, out, indent=2, default=str)
+        document = {"guests": leftovers, "dry_run": not args.yes, "kept_active": active}
+        json.dump(document, out, indent=2, default=str)
         out.write("\n")
     else:
         print(f"{'ID':<30} {'NAME':<24} {'STATE':<11} AGE", file=out)
@@ -379,6 +401,12 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
                 file=out,
             )
         print(f"{len(leftovers)} guest(s) left behind by the plugin.", file=out)
+        if active:
+            print(
+                f"Kept {active} creating or running guest(s) younger than {ACTIVE_GRACE_SECONDS // 3600}h: "
+                "they may be running a program now (--include-active to include them).",
+                file=out,
+            )
     if not args.yes:
         if leftovers and not args.json:
             print("Dry run: nothing deleted. Re-run with --yes to delete them.", file=out)
@@ -409,7 +437,17 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--json", action="store_true", help="machine-readable output")
     rp = sub.add_parser("reap", help="list or delete guests left behind (lf-, lf-c-, lf-x- names)")
     rp.add_argument("--older-than", type=parse_duration, default=None, help="only guests older than e.g. 2h")
-    rp.add_argument("--prefix", action="append", help="name prefix (repeatable); default lf-, lf-c-, lf-x-")
+    rp.add_argument(
+        "--prefix",
+        action="append",
+        help="any name with this prefix (repeatable); default: the names the plugin generates "
+        "(lf-, lf-c-, lf-x- followed by hex; not the warm pool's lf-w-)",
+    )
+    rp.add_argument(
+        "--include-active",
+        action="store_true",
+        help="also creating/running guests younger than 2h (by default kept: a run may be in progress)",
+    )
     rp.add_argument("--state", action="append", help="only guests in this state (repeatable)")
     rp.add_argument("--yes", action="store_true", help="really delete (default: dry run)")
     rp.add_argument("--json", action="store_true", help="machine-readable output")

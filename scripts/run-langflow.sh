@@ -10,7 +10,7 @@
 #     starter flow (Python Interpreter + CreateOS Sandbox) through Langflow's REST API and
 #     prints the URL to open.
 # Ctrl-C (or SIGTERM) stops Langflow, deletes the guests the plugin left on the local control
-# plane (`createos-langflow reap --yes`) and stops createos-local.
+# plane (`createos-langflow reap --yes --include-active --prefix lf-`) and stops createos-local.
 #
 # Knobs (environment): LANGFLOW_HOST (127.0.0.1), LANGFLOW_PORT (7860), CREATEOS_LOCAL_PORT
 # (8787; a free port is used if it is taken), LANGFLOW_START_TIMEOUT (300 s), RUN_DIR (.run),
@@ -64,7 +64,7 @@ cleanup() {
   if [ "$LOCAL_PLANE" = 1 ]; then
     if [ -n "$CP_PID" ] && kill -0 "$CP_PID" 2>/dev/null; then
       say "deleting every guest the plugin left on createos-local"
-      (cd "$RUN_DIR" && "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap --yes)
+      (cd "$RUN_DIR" && "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap --yes --include-active --prefix lf-)
       say "stopping createos-local (pid $CP_PID)"
       kill -TERM -- "-$CP_PID" 2>/dev/null
       for _ in $(seq 1 20); do kill -0 "$CP_PID" 2>/dev/null || break; sleep 0.5; done
