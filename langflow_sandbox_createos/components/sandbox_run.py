@@ -62,12 +62,16 @@ art=/workspace/artifacts outdir=/tmp/.createos-out
 mkdir -p /workspace 2>/dev/null
 cd /workspace 2>/dev/null || cd /
 if [ "$lockwait" -gt 0 ] && command -v flock >/dev/null 2>&1; then
+  began=$(date +%s)
   exec 9>>/tmp/.createos-sandbox.lock
   if ! flock -w "$lockwait" 9; then
     echo "CreateOS Sandbox: another run kept this reused guest busy for more than ${lockwait}s" >&2
     exit 125
   fi
   # an earlier run's archive waits for its host: this run's program starts once it is gone
+  # (the lock wait and this wait share one budget, $lockwait)
+  left=$(( lockwait - ($(date +%s) - began) ))
+  if [ "$left" -lt "$pendwait" ]; then pendwait=$left; fi
   n=0
   while [ -n "$(ls -A "$outdir" 2>/dev/null)" ] && [ "$n" -lt $((pendwait * 10)) ]; do
     sleep 0.1 2>/dev/null || sleep 1
@@ -414,8 +418,10 @@ class _GuestProgram:
 
 
 def lock_wait_seconds(timeout: int) -> int:
-    """How long a run on a reused guest waits for another run's turn: one whole run."""
-    return PENDING_WAIT_SECONDS + timeout + ARCHIVE_BUDGET_SECONDS + 15
+    """How long a run on a reused guest waits for its turn: one whole run of another (its own
+    wait for the archive before it, its program, its archive step), then the wait for that
+    run's archive to be fetched."""
+    return PENDING_WAIT_SECONDS + timeout + ARCHIVE_BUDGET_SECONDS + 15 + PENDING_WAIT_SECONDS
 
 
 def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
@@ -468,7 +474,7 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
         arrives,
         *program,
     ]
-    exec_timeout = float(lock_wait + pending_wait + req.timeout + archive_budget + EXEC_GRACE_SECONDS)
+    exec_timeout = float(lock_wait + req.timeout + archive_budget + EXEC_GRACE_SECONDS)
     return _GuestProgram(run_dir, argv, files, stdin, exec_timeout)
 
 
