@@ -79,8 +79,7 @@ if [ "$lockwait" -gt 0 ] && command -v flock >/dev/null 2>&1; then
   done
   rm -rf -- "$outdir"
 fi
-umask 077
-if ! mkdir -- "$run" 2>/dev/null; then
+if ! mkdir -m 700 -- "$run" 2>/dev/null; then
   echo "CreateOS Sandbox: could not create the run directory $run" >&2
   exit 125
 fi

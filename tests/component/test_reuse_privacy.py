@@ -115,3 +115,8 @@ def test_the_next_run_never_sees_an_archive_still_waiting_for_its_host(
     # e8f911e: the archive sat in the holder's run directory until its host fetched it
     assert b.exit_code == 0, b
     assert b.stdout.strip() == "found []"
+
+
+def test_the_program_keeps_the_default_umask(reuse_env: LocalControlPlane) -> None:
+    out = sandbox_run.run(_request("import os\nprint(oct(os.umask(0)))\n"))
+    assert out.exit_code == 0 and out.stdout.strip() == "0o22", out
