@@ -8,7 +8,13 @@ The archive comes from the guest, so nothing in it is trusted:
   at most that budget in memory and CPU, whatever its ratio;
 - at most `MAX_FILES` files and `MAX_TOTAL_BYTES` of file content come back;
 - only regular files are read: symlinks, hard links, devices and fifos are skipped, and
-  so is any member with an absolute path or a `..` component. Nothing is written to disk.
+  so is any member with an absolute path or a `..` component. Nothing is written to disk;
+- the read is bounded in time as well: a member that declares more bytes than the budget
+  has left stops the read at once (tarfile would otherwise skip over it one empty 10 KiB
+  read at a time, for ever when the archive ends early), an archive that keeps being read
+  after its end stops, and the whole read stops at a deadline (`MAX_SECONDS`);
+- file names that are not valid UTF-8, or hold control or bidi-override characters, are
+  returned escaped (`\\xNN`, `\\uNNNN`) with `path_escaped` set, so every row serialises.
 
 Whatever was cut or skipped is described in `Extraction.notes`, never silently dropped.
 """
@@ -19,6 +25,7 @@ import base64
 import gzip
 import io
 import tarfile
+import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,24 +36,57 @@ MAX_ARCHIVE_BYTES = 5 * 1024 * 1024
 # Tar adds a 512-byte header per member (more for long names and pax records), pads every
 # member to 512 bytes and the archive to 10 KiB: room for that around MAX_TOTAL_BYTES.
 DECOMPRESSED_SLACK = 2 * 1024 * 1024
+# Wall clock for reading one archive (a few MiB inflate in well under a second); only a
+# crafted archive gets near it.
+MAX_SECONDS = 20.0
+# Reads after the end of the data that tarfile may make on a well-formed archive; more means
+# it is skipping past the end of a member the archive does not hold.
+_READS_AFTER_END = 8
 
-ROW_COLUMNS = ("path", "size", "text", "base64")
+ROW_COLUMNS = ("path", "size", "text", "base64", "path_escaped")
+
+# Unicode bidi controls: they reorder how a name is displayed (U+202E shows `exe.txt` as
+# `txt.exe`), so they are escaped like control characters.
+_BIDI = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 class _BudgetExceeded(Exception):
     """The archive expands beyond the decompression budget."""
 
 
+class _Declared(Exception):
+    """A member declares more bytes than the budget has left."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+class _Overtime(Exception):
+    """Reading took longer than the deadline."""
+
+
+class _PastEnd(Exception):
+    """The reader keeps being asked for data after the archive ended."""
+
+
 class _BoundedReader(io.RawIOBase):
     """A read-only stream over `inner` that raises once more than `budget` bytes were asked for
     and exist. `gzip.GzipFile.read(n)` inflates at most what is asked, so the budget bounds
-    the work too, not only the memory."""
+    the work too, not only the memory. It also raises when read past `deadline` (a
+    `time.monotonic()` value), and when asked for more data again and again after the end."""
 
-    def __init__(self, inner: io.BufferedIOBase, budget: int) -> None:
+    def __init__(self, inner: io.BufferedIOBase, budget: int, deadline: float | None = None) -> None:
         super().__init__()
         self._inner = inner
         self._left = budget
+        self._deadline = deadline
+        self._empty_reads = 0
         self.consumed = 0
+
+    @property
+    def left(self) -> int:
+        return self._left
 
     def readable(self) -> bool:
         return True
@@ -56,11 +96,18 @@ class _BoundedReader(io.RawIOBase):
             size = self._left + 1
         if size == 0:
             return b""
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise _Overtime
         if self._left <= 0:
             if self._inner.read(1):
                 raise _BudgetExceeded
-            return b""
-        chunk = self._inner.read(min(size, self._left))
+            chunk = b""
+        else:
+            chunk = self._inner.read(min(size, self._left))
+        if not chunk:
+            self._empty_reads += 1
+            if self._empty_reads > _READS_AFTER_END:
+                raise _PastEnd
         self._left -= len(chunk)
         self.consumed += len(chunk)
         return chunk
@@ -75,6 +122,7 @@ class _BoundedReader(io.RawIOBase):
 class ArtifactFile:
     path: str
     data: bytes
+    path_escaped: bool = False  # `path` is `escape_name` of the real name
 
     @property
     def size(self) -> int:
@@ -82,11 +130,13 @@ class ArtifactFile:
 
     def row(self) -> dict[str, Any]:
         """One Files row: the text when the bytes are UTF-8, else base64."""
+        row: dict[str, Any] = {"path": self.path, "size": self.size, "text": None, "base64": None}
         try:
-            return {"path": self.path, "size": self.size, "text": self.data.decode("utf-8"), "base64": None}
+            row["text"] = self.data.decode("utf-8")
         except UnicodeDecodeError:
-            encoded = base64.b64encode(self.data).decode("ascii")
-            return {"path": self.path, "size": self.size, "text": None, "base64": encoded}
+            row["base64"] = base64.b64encode(self.data).decode("ascii")
+        row["path_escaped"] = self.path_escaped
+        return row
 
 
 @dataclass
@@ -117,6 +167,42 @@ def sanitize_member_path(name: str) -> str | None:
     return "/".join(parts)
 
 
+def _needs_escape(char: str) -> bool:
+    code = ord(char)
+    return code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code < 0xE000 or char in _BIDI
+
+
+def escape_name(name: str) -> tuple[str, bool]:
+    """`name` made safe to show and serialise, and whether it was changed.
+
+    `name` is decoded from the archive with `surrogateescape`, so a byte that is not valid
+    UTF-8 arrives as a lone surrogate U+DC80..U+DCFF: it becomes `\\xNN` (the raw byte).
+    C0 controls and DEL become `\\xNN` too (they are that byte); C1 controls and bidi
+    controls become `\\uNNNN` (the code point, whose UTF-8 bytes the name holds). When any
+    escape is made, backslashes are doubled too, so the escaped form is unambiguous;
+    a name that needs no escape is returned as it is."""
+    if not any(_needs_escape(char) for char in name):
+        return name, False
+    out: list[str] = []
+    for char in name:
+        code = ord(char)
+        if char == "\\":
+            out.append("\\\\")
+        elif 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x80 and _needs_escape(char):
+            out.append(f"\\x{code:02x}")
+        elif _needs_escape(char):
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out), True
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
 def _mib(n: int) -> str:
     return f"{n / (1024 * 1024):g} MiB"
 
@@ -127,20 +213,30 @@ def extract(
     max_files: int = MAX_FILES,
     max_total_bytes: int = MAX_TOTAL_BYTES,
     max_decompressed_bytes: int | None = None,
+    max_seconds: float = MAX_SECONDS,
 ) -> Extraction:
-    """The regular files in a gzip-compressed tar, within the limits. Never raises on bad input."""
+    """The regular files in a gzip-compressed tar, within the limits. Never raises on bad input,
+    and returns within `max_seconds` whatever the archive declares."""
     budget = (
         max_decompressed_bytes if max_decompressed_bytes is not None else max_total_bytes + DECOMPRESSED_SLACK
     )
     out = Extraction()
-    unsafe = special = 0
+    unsafe = special = duplicate = escaped = 0
     over_size: list[str] = []
     total = 0
-    seen: set[str] = set()
-    reader = _BoundedReader(gzip.GzipFile(fileobj=io.BytesIO(archive), mode="rb"), budget)
+    seen: set[tuple[str, bool]] = set()
+    deadline = time.monotonic() + max_seconds
+    reader = _BoundedReader(gzip.GzipFile(fileobj=io.BytesIO(archive), mode="rb"), budget, deadline)
     try:
-        with tarfile.open(fileobj=io.BufferedReader(reader), mode="r|") as tar:
+        # utf-8 + surrogateescape whatever the host's locale: undecodable bytes survive as
+        # lone surrogates, which escape_name turns into visible \xNN escapes
+        stream = io.BufferedReader(reader)
+        with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
             for member in tar:
+                # a member's data is inflated (read or skipped) up to offset_data + size: when that
+                # is beyond the budget, stop now rather than walk there
+                if member.size > 0 and member.offset_data + member.size > budget:
+                    raise _Declared(member.size)
                 if member.isdir():
                     continue
                 path = sanitize_member_path(member.name)
@@ -150,7 +246,9 @@ def extract(
                 if not member.isreg():
                     special += 1
                     continue
-                if path in seen:
+                shown, was_escaped = escape_name(path)
+                if (shown, was_escaped) in seen:
+                    duplicate += 1
                     continue
                 if len(out.files) >= max_files:
                     out.truncated = True
@@ -159,25 +257,39 @@ def extract(
                     )
                     break
                 if member.size > max_total_bytes - total:
-                    over_size.append(f"{path} ({member.size} bytes)")
+                    over_size.append(f"{shown} ({member.size} bytes)")
                     continue
                 handle = tar.extractfile(member)
                 data = handle.read() if handle is not None else b""
-                seen.add(path)
+                seen.add((shown, was_escaped))
+                escaped += was_escaped
                 total += len(data)
-                out.files.append(ArtifactFile(path, data))
+                out.files.append(ArtifactFile(shown, data, was_escaped))
     except _BudgetExceeded:
         out.truncated = True
         out.notes.append(
             f"The archive expands to more than {_mib(budget)}; reading stopped there and any files after "
             "that point were not returned."
         )
-    except (EOFError, tarfile.ReadError) as exc:
+    except _Declared as exc:
+        out.truncated = True
+        out.notes.append(
+            f"The archive declares an entry of {exc.size} bytes, beyond the {_mib(budget)} it may expand to; "
+            "reading stopped there and any files after that point were not returned."
+        )
+    except _Overtime:
+        out.truncated = True
+        out.notes.append(
+            f"Reading the archive took more than {max_seconds:g} s; reading stopped there and any files "
+            "after that point were not returned."
+        )
+    except (_PastEnd, EOFError, tarfile.ReadError) as exc:
         out.truncated = True
         if out.files or reader.consumed:
+            detail = "it declares more data than it holds" if isinstance(exc, _PastEnd) else str(exc)
             out.notes.append(
                 "The archive ends early (it was cut at the transfer limit, or the archive step in the guest "
-                f"was stopped): the files before that point are returned ({exc})."
+                f"was stopped): the files before that point are returned ({detail})."
             )
         else:
             out.notes.append(f"The archive could not be read: {exc}.")
@@ -186,15 +298,25 @@ def extract(
         out.notes.append(f"The archive could not be read: {exc}.")
     if over_size:
         out.truncated = True
-        shown = ", ".join(over_size[:5]) + (f" and {len(over_size) - 5} more" if len(over_size) > 5 else "")
-        out.notes.append(f"Skipped files that do not fit in the {_mib(max_total_bytes)} total: {shown}.")
-    if unsafe:
-        out.notes.append(
-            f"Skipped {unsafe} entr{'y' if unsafe == 1 else 'ies'} with an absolute or '..' path."
+        shown_list = ", ".join(over_size[:5]) + (
+            f" and {len(over_size) - 5} more" if len(over_size) > 5 else ""
         )
+        out.notes.append(f"Skipped files that do not fit in the {_mib(max_total_bytes)} total: {shown_list}.")
+    if unsafe:
+        out.notes.append(f"Skipped {_plural(unsafe, 'entry', 'entries')} with an absolute or '..' path.")
     if special:
         out.notes.append(
-            f"Skipped {special} entr{'y' if special == 1 else 'ies'} that are not regular files "
+            f"Skipped {_plural(special, 'entry', 'entries')} that are not regular files "
             "(symlinks, hard links, devices or fifos)."
+        )
+    if duplicate:
+        out.notes.append(
+            f"Skipped {_plural(duplicate, 'entry', 'entries')} repeating the path of an earlier file "
+            "(the first one is returned)."
+        )
+    if escaped:
+        out.notes.append(
+            f"{_plural(escaped, 'file name', 'file names')} held bytes that are not UTF-8, control or bidi "
+            "characters: shown escaped (\\xNN, \\uNNNN, backslash doubled) with path_escaped true."
         )
     return out

@@ -123,6 +123,9 @@ class CreateOSBackend:
         if config.allowed_domains:
             raise runtime.domains_refusal(config.allowed_domains)
         runtime.egress_gate(config.allow_network, config.accept_egress_exceptions)
+        refusal = runtime.nul_refusal(code, "The program")
+        if refusal:
+            raise SandboxExecutionError(f"CreateOS: {refusal}")
         guest_env = _guest_env(env)
 
         endpoint = runtime.endpoints.get()
@@ -252,7 +255,11 @@ def _guest_env(env: Mapping[str, str] | None) -> dict[str, str]:
     for key, value in env.items():
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
             raise SandboxExecutionError(f"CreateOS: {key!r} cannot be an environment variable name.")
-        out[key] = value if isinstance(value, str) else str(value)
+        text = value if isinstance(value, str) else str(value)
+        refusal = runtime.nul_refusal(text, f"The value of environment variable {key}")
+        if refusal:
+            raise SandboxExecutionError(f"CreateOS: {refusal}")
+        out[key] = text
     return out
 
 

@@ -22,7 +22,13 @@ from typing import Any
 from langflow_sandbox_createos import clock, settings
 from langflow_sandbox_createos.settings import SettingsError
 
-PLUGIN_PREFIXES = ("lf-c-", "lf-x-", "lf-")
+# The names the plugin itself generates (22 characters: prefix + hex). The default reap
+# matches these only: not the warm pool's `lf-w-` guests (a running Langflow's pool), and
+# not a sandbox someone else happened to name `lf-...`.
+PLUGIN_NAME = re.compile(r"lf-[0-9a-f]{19}|lf-c-[0-9a-f]{17}|lf-x-[0-9a-f]{17}")
+# A running (or creating) guest younger than this may be a run in progress: kept by default.
+ACTIVE_GRACE_SECONDS = 2 * 3600
+ACTIVE = frozenset({"creating", "running"})
 REUSED_PREFIX = "lf-c-"  # the component's guests; Guest Reuse keeps its own until idle too long
 ENTRY_POINTS = {
     "lfx.sandbox_backends": "createos",
@@ -350,20 +356,30 @@ TERMINAL = frozenset({"destroyed", "destroying", "failed"})
 def find_leftovers(
     rows: Sequence[dict[str, Any]],
     *,
-    prefixes: Sequence[str] = PLUGIN_PREFIXES,
+    prefixes: Sequence[str] | None = None,
     states: Sequence[str] | None = None,
     older_than: float | None = None,
     idle_longer_than: float | None = None,
+    include_active: bool = False,
     now: float | None = None,
-) -> list[dict[str, Any]]:
-    """The plugin's guests among `rows`. `idle_longer_than`: only reused guests (`lf-c-`)
-    paused for longer than that, which is how the component measures idleness."""
+) -> tuple[list[dict[str, Any]], int]:
+    """The rows to reap, and how many matching rows were kept as possibly in progress.
+
+    Without `prefixes`, only names the plugin generates match (see PLUGIN_NAME); with them,
+    any name starting with one of them. Unless `include_active`, a `creating` or `running`
+    guest younger than ACTIVE_GRACE_SECONDS is kept: it may be running a program now.
+    `idle_longer_than`: only reused guests (`lf-c-`) paused for longer than that, which is how
+    the component measures idleness."""
     now = time.time() if now is None else now
     picked = []
+    active = 0
     for row in rows:
         name = row.get("name") or ""
         status = row.get("status") or ""
-        if not any(name.startswith(p) for p in prefixes):
+        if prefixes is None:
+            if not PLUGIN_NAME.fullmatch(name):
+                continue
+        elif not any(name.startswith(p) for p in prefixes):
             continue
         if states is not None and status not in states:
             continue
@@ -377,8 +393,11 @@ def find_leftovers(
             not name.startswith(REUSED_PREFIX) or idle is None or idle <= idle_longer_than
         ):
             continue
+        if not include_active and status in ACTIVE and (age is None or age < ACTIVE_GRACE_SECONDS):
+            active += 1
+            continue
         picked.append({**row, "age_seconds": age, "idle_seconds": idle})
-    return picked
+    return picked, active
 
 
 def _with_pause_time(client: Any, row: dict[str, Any]) -> dict[str, Any]:
@@ -411,13 +430,19 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
     except Exception as exc:
         print(f"reap: {runtime.describe(exc) if not isinstance(exc, SettingsError) else exc}", file=err)
         return 2
-    prefixes = tuple(args.prefix) if args.prefix else PLUGIN_PREFIXES
+    prefixes = tuple(args.prefix) if args.prefix else None
     states = tuple(args.state) if args.state else None
-    leftovers = find_leftovers(
-        rows, prefixes=prefixes, states=states, older_than=args.older_than, idle_longer_than=args.idle
+    leftovers, active = find_leftovers(
+        rows,
+        prefixes=prefixes,
+        states=states,
+        older_than=args.older_than,
+        idle_longer_than=args.idle,
+        include_active=args.include_active,
     )
     if args.json:
-        json.dump({"guests": leftovers, "dry_run": not args.yes}, out, indent=2, default=str)
+        document = {"guests": leftovers, "dry_run": not args.yes, "kept_active": active}
+        json.dump(document, out, indent=2, default=str)
         out.write("\n")
     else:
         print(f"{'ID':<30} {'NAME':<24} {'STATE':<11} {'AGE':<7} IDLE", file=out)
@@ -429,6 +454,12 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
                 file=out,
             )
         print(f"{len(leftovers)} guest(s) left behind by the plugin.", file=out)
+        if active:
+            print(
+                f"Kept {active} creating or running guest(s) younger than {ACTIVE_GRACE_SECONDS // 3600}h: "
+                "they may be running a program now (--include-active to include them).",
+                file=out,
+            )
     if not args.yes:
         if leftovers and not args.json:
             print("Dry run: nothing deleted. Re-run with --yes to delete them.", file=out)
@@ -459,7 +490,17 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--json", action="store_true", help="machine-readable output")
     rp = sub.add_parser("reap", help="list or delete guests left behind (lf-, lf-c-, lf-x- names)")
     rp.add_argument("--older-than", type=parse_duration, default=None, help="only guests older than e.g. 2h")
-    rp.add_argument("--prefix", action="append", help="name prefix (repeatable); default lf-, lf-c-, lf-x-")
+    rp.add_argument(
+        "--prefix",
+        action="append",
+        help="any name with this prefix (repeatable); default: the names the plugin generates "
+        "(lf-, lf-c-, lf-x- followed by hex; not the warm pool's lf-w-)",
+    )
+    rp.add_argument(
+        "--include-active",
+        action="store_true",
+        help="also creating/running guests younger than 2h (by default kept: a run may be in progress)",
+    )
     rp.add_argument("--state", action="append", help="only guests in this state (repeatable)")
     rp.add_argument(
         "--idle",

@@ -188,6 +188,9 @@ def build_spec(
 # --- frames ---------------------------------------------------------------------------------
 
 
+_JOIN_EVERY = 256
+
+
 @dataclass
 class FrameReader:
     """Splits one output stream into lines and sorts them into authenticated frames and
@@ -199,38 +202,44 @@ class FrameReader:
     max_line: int = 64 * 1024 * 1024
     next_seq: int = 0
     rejected: int = 0
-    _buffer: list[str] = field(default_factory=list)
+    # a line still waiting for its newline. A guest can send it in millions of tiny pieces,
+    # and a str object costs ~50 bytes on top of its text: the newest pieces are joined
+    # into one chunk every _JOIN_EVERY, so the memory is about the text itself
+    _pieces: list[str] = field(default_factory=list)
+    _chunks: list[str] = field(default_factory=list)
     _buffered: int = 0
 
     def feed(self, text: str) -> None:
         while text:
             newline = text.find("\n")
             if newline < 0:
-                self._buffer.append(text)
+                self._pieces.append(text)
                 self._buffered += len(text)
+                if len(self._pieces) >= _JOIN_EVERY:
+                    self._chunks.append("".join(self._pieces))
+                    self._pieces.clear()
                 if self._buffered > self.max_line:  # not a frame we could accept anyway
-                    self._flush_plain()
+                    self.rejected += 1
+                    self.on_plain(self._take())
                 return
-            self._buffer.append(text[:newline])
+            if self._buffered:
+                self._pieces.append(text[:newline])
+                line = self._take()
+            else:
+                line = text[:newline]
             text = text[newline + 1 :]
-            line = "".join(self._buffer)
-            self._buffer.clear()
-            self._buffered = 0
             self._line(line)
 
     def close(self) -> None:
-        if self._buffer:
-            line = "".join(self._buffer)
-            self._buffer.clear()
-            self._buffered = 0
-            self._line(line)
+        if self._buffered:
+            self._line(self._take())
 
-    def _flush_plain(self) -> None:
-        line = "".join(self._buffer)
-        self._buffer.clear()
+    def _take(self) -> str:
+        line = "".join(self._chunks) + "".join(self._pieces)
+        self._chunks.clear()
+        self._pieces.clear()
         self._buffered = 0
-        self.rejected += 1
-        self.on_plain(line)
+        return line
 
     def _line(self, line: str) -> None:
         frame = self._authenticate(line.rstrip("\r"))

@@ -40,6 +40,21 @@ USER_AGENT = "langflow-sandbox-createos/0.3.0"
 STDIN_PROGRAM_MAX_BYTES = 256 * 1024
 
 
+def nul_refusal(value: str, what: str) -> str | None:
+    """Why `value` cannot travel to a guest, or None. A NUL byte ends every argv and env
+    string at the kernel, and CPython refuses source code that holds one, so a value with a
+    NUL is refused up front instead of arriving cut short (or differently for a program
+    short enough for stdin and one long enough to be uploaded)."""
+    at = value.find("\0")
+    if at < 0:
+        return None
+    return (
+        f"{what} contains a NUL character (\\x00) at position {at}. A NUL cannot be passed to a "
+        "process (argv and environment strings end at the first one) and Python refuses source "
+        "code that holds one; remove it, or write it as an escape such as \\x00 or \\0."
+    )
+
+
 def _native():  # imported lazily so a missing build fails at first use, with a clear error
     try:
         from langflow_sandbox_createos import _createos

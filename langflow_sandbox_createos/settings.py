@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +21,9 @@ DEFAULT_ROOTFS = "devbox:1"
 DEFAULT_COMPONENT_SHAPE = "s-2vcpu-4gb"
 DEFAULT_EXECUTOR_SHAPE = "s-4vcpu-8gb"
 DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+MIN_OUTPUT_BYTES = 1024
+MAX_OUTPUT_BYTES = 1024 * 1024 * 1024  # per stream: more would not fit in a worker's memory anyway
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() also takes "٣" and "1_0"
 DEFAULT_CONTROL_TIMEOUT_SECONDS = 60  # the native client's own default
 MIN_SHAPE_MEMORY_MIB = 4096
 KEY_HELP_URL = "https://createos.sh/app/profile"
@@ -64,6 +68,15 @@ def parse_bool(name: str, default: bool, environ: Mapping[str, str] | None = Non
     )
 
 
+def whole_number(value: str) -> int | None:
+    """`value` as an int when it is an optional sign and ASCII digits (spaces around allowed),
+    else None. Unicode digits, underscores and huge digit strings are not whole numbers here."""
+    text = value.strip()
+    if not _WHOLE_NUMBER.fullmatch(text) or len(text) > 30:
+        return None
+    return int(text, 10)
+
+
 def parse_int(
     name: str,
     default: int,
@@ -75,12 +88,11 @@ def parse_int(
     value = raw(name, environ)
     if value is None:
         return default
-    try:
-        number = int(value, 10)
-    except ValueError:
+    number = whole_number(value)
+    if number is None:
         raise SettingsError(
             f"{name}={value!r} is not a whole number. Set it to an integer such as {default}."
-        ) from None
+        )
     if minimum is not None and number < minimum:
         raise SettingsError(
             f"{name}={number} is below the minimum of {minimum}. Set it to at least {minimum}."
@@ -239,7 +251,11 @@ def backend_settings(environ: Mapping[str, str] | None = None) -> BackendSetting
         rootfs=rootfs(environ),
         shape=raw("CREATEOS_SANDBOX_SHAPE", environ),
         max_output_bytes=parse_int(
-            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", DEFAULT_MAX_OUTPUT_BYTES, minimum=1024, environ=environ
+            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
+            DEFAULT_MAX_OUTPUT_BYTES,
+            minimum=MIN_OUTPUT_BYTES,
+            maximum=MAX_OUTPUT_BYTES,
+            environ=environ,
         ),
         warm_pool=parse_int("CREATEOS_SANDBOX_WARM_POOL", 0, minimum=0, maximum=64, environ=environ),
     )
@@ -354,6 +370,10 @@ def executor_settings(environ: Mapping[str, str] | None = None) -> ExecutorSetti
         lfx_version=raw("CREATEOS_EXECUTOR_LFX_VERSION", environ),
         env_allowlist=env_names,
         max_output_bytes=parse_int(
-            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", DEFAULT_MAX_OUTPUT_BYTES, minimum=1024, environ=environ
+            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
+            DEFAULT_MAX_OUTPUT_BYTES,
+            minimum=MIN_OUTPUT_BYTES,
+            maximum=MAX_OUTPUT_BYTES,
+            environ=environ,
         ),
     )

@@ -11,7 +11,7 @@
 #     prints the URL to open. With LANGFLOW_AUTO_LOGIN=false the import logs in with
 #     LANGFLOW_API_KEY, or LANGFLOW_SUPERUSER and LANGFLOW_SUPERUSER_PASSWORD.
 # Ctrl-C (or SIGTERM) stops Langflow, deletes the guests the plugin left on the local control
-# plane (`createos-langflow reap --yes`) and stops createos-local.
+# plane (`createos-langflow reap --yes --include-active --prefix lf-`) and stops createos-local.
 #
 # Knobs (environment): LANGFLOW_HOST (127.0.0.1), LANGFLOW_PORT (7860), CREATEOS_LOCAL_PORT
 # (8787; a free port is used if it is taken), LANGFLOW_START_TIMEOUT (300 s), RUN_DIR (.run),
@@ -26,7 +26,10 @@ LANGFLOW_PORT=${LANGFLOW_PORT:-7860}
 CREATEOS_LOCAL_PORT=${CREATEOS_LOCAL_PORT:-8787}
 LANGFLOW_START_TIMEOUT=${LANGFLOW_START_TIMEOUT:-300}
 RUN_DIR=${RUN_DIR:-$ROOT/.run}
-LOCAL_API_KEY=dev-key
+# createos-local's key: $CREATEOS_LOCAL_API_KEY, else a random one for this run. It reaches
+# createos-local and Langflow through their environments, never a file or an argv (a guest
+# sees the host's files; a guest with network on can reach createos-local's port).
+LOCAL_API_KEY=${CREATEOS_LOCAL_API_KEY:-}
 
 say() { printf '\033[1m[make run]\033[0m %s\n' "$*"; }
 
@@ -37,6 +40,7 @@ if [ "${SKIP_INSTALL:-0}" != 1 ]; then
 fi
 PY="$ROOT/$VENV_LANGFLOW/bin/python"
 [ -x "$PY" ] || { echo "missing $VENV_LANGFLOW: run 'make langflow'" >&2; exit 1; }
+[ -n "$LOCAL_API_KEY" ] || LOCAL_API_KEY=$("$PY" -c 'import secrets; print(secrets.token_urlsafe(24))')
 mkdir -p "$RUN_DIR"
 RUN_DIR=$(cd "$RUN_DIR" && pwd)
 
@@ -61,7 +65,7 @@ cleanup() {
   if [ "$LOCAL_PLANE" = 1 ]; then
     if [ -n "$CP_PID" ] && kill -0 "$CP_PID" 2>/dev/null; then
       say "deleting every guest the plugin left on createos-local"
-      (cd "$RUN_DIR" && "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap --yes)
+      (cd "$RUN_DIR" && "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap --yes --include-active --prefix lf-)
       say "stopping createos-local (pid $CP_PID)"
       kill -TERM -- "-$CP_PID" 2>/dev/null
       for _ in $(seq 1 20); do kill -0 "$CP_PID" 2>/dev/null || break; sleep 0.5; done
@@ -92,8 +96,8 @@ else
   LOCAL_PLANE=1
   port_free "$CREATEOS_LOCAL_PORT" || { say "port $CREATEOS_LOCAL_PORT is taken: createos-local picks a free one"; CREATEOS_LOCAL_PORT=0; }
   rm -f "$RUN_DIR/createos-local.port"
-  (cd "$RUN_DIR" && exec setsid "$ROOT/$VENV_LANGFLOW/bin/createos-local" --host 127.0.0.1 --port "$CREATEOS_LOCAL_PORT" \
-    --api-key "$LOCAL_API_KEY" --state-dir "$RUN_DIR/createos-local" \
+  (cd "$RUN_DIR" && CREATEOS_LOCAL_API_KEY=$LOCAL_API_KEY exec setsid "$ROOT/$VENV_LANGFLOW/bin/createos-local" \
+    --host 127.0.0.1 --port "$CREATEOS_LOCAL_PORT" --state-dir "$RUN_DIR/createos-local" \
     --port-file "$RUN_DIR/createos-local.port" >"$RUN_DIR/createos-local.log" 2>&1) &
   CP_PID=$!
   echo "$CP_PID" >"$RUN_DIR/createos-local.pid"
@@ -163,7 +167,7 @@ cat <<EOF
   CreateOS Sandbox   -> the component; its Results name the guest (sandbox_id)
   Open the Playground (or press play on a node): each output names the guest it ran on.
 
-  Control plane: $CREATEOS_SANDBOX_BASE_URL$([ "$LOCAL_PLANE" = 1 ] && echo " (createos-local)")
+  Control plane: $CREATEOS_SANDBOX_BASE_URL$([ "$LOCAL_PLANE" = 1 ] && echo " (createos-local, X-Api-Key: $LOCAL_API_KEY)")
   Logs: $RUN_DIR/langflow.log$([ "$LOCAL_PLANE" = 1 ] && echo ", $RUN_DIR/createos-local.log")
   Stop: Ctrl-C (stops both servers and deletes leftover guests)
 

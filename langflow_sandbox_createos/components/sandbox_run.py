@@ -7,15 +7,20 @@ the control plane is here, so it is importable once per process (the bundle file
 is loaded by lfx under a private module name) and its per-process guest cache is shared.
 
 How one run goes in the guest (`GUEST_WRAPPER`): a `/bin/sh` wrapper takes the guest's
-artifacts lock (reused guests only), empties `/workspace/artifacts` when files are to be
-returned, runs the program under `timeout --signal=KILL N` from `/workspace`, then, outside
-that timeout and under a budget of its own, archives `/workspace/artifacts` into a per-run
-path. The archive is downloaded with a byte cap and removed.
+artifacts lock (reused guests only) and waits for an earlier run's archive to be fetched,
+creates the run's own directory and only then writes the program into it (from stdin, or
+moves the staged upload in and checks its sha256), empties `/workspace/artifacts` when
+files are to be returned, runs the program under `timeout --signal=KILL N` from
+`/workspace`, then, outside that timeout and under a budget of its own, archives
+`/workspace/artifacts` and moves the archive out of the run directory into
+`/tmp/.createos-out/` before it exits (and so releases the lock). The archive is downloaded
+with a byte cap, read by `artifacts.extract` within its byte and time budgets, and removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import secrets
@@ -45,20 +50,49 @@ LOCK_PATH = "/tmp/.createos-sandbox.lock"
 LIVE_TRANSITIONS = frozenset({"creating", "pausing", "resuming", "forking"})
 TERMINAL = frozenset({"destroyed", "failed"})
 
-# $1 run dir, $2 program timeout, $3 collect (1/0), $4 archive budget, $5 archive byte cap,
-# $6 lock wait (0 = no lock), $7 where to write the exec's stdin first ("" = nothing: the
-# program was uploaded); then the program's argv.
+PENDING_WAIT_SECONDS = 20  # a reused run waits this long for an earlier run's archive to be fetched
+ARCHIVE_DIR = "/tmp/.createos-out"  # finished archives wait here for their host, out of later runs' way
+
+# $1 run dir (created by the wrapper, after the lock), $2 program timeout, $3 collect (1/0),
+# $4 archive budget, $5 archive byte cap, $6 lock wait (0 = no lock), $7 pending-archive wait,
+# $8 where the program file goes ("" = none: an inline command), $9 how it arrives: "stdin"
+# (the exec's stdin) or the sha256 of "$1.upload" (uploaded before the exec); then argv.
 GUEST_WRAPPER = r"""
-run=$1 limit=$2 collect=$3 budget=$4 cap=$5 lockwait=$6 src=$7
-shift 7
-art=/workspace/artifacts
-mkdir -p /workspace "$run" 2>/dev/null
-if [ -n "$src" ]; then cat > "$src" || exit 125; fi
+run=$1 limit=$2 collect=$3 budget=$4 cap=$5 lockwait=$6 pendwait=$7 src=$8 from=$9
+shift 9
+art=/workspace/artifacts outdir=/tmp/.createos-out
+mkdir -p /workspace 2>/dev/null
 cd /workspace 2>/dev/null || cd /
 if [ "$lockwait" -gt 0 ] && command -v flock >/dev/null 2>&1; then
+  began=$(date +%s)
   exec 9>>/tmp/.createos-sandbox.lock
   if ! flock -w "$lockwait" 9; then
     echo "CreateOS Sandbox: another run kept this reused guest busy for more than ${lockwait}s" >&2
+    exit 125
+  fi
+  # an earlier run's archive waits for its host: this run's program starts once it is gone
+  # (the lock wait and this wait share one budget, $lockwait)
+  left=$(( lockwait - ($(date +%s) - began) ))
+  if [ "$left" -lt "$pendwait" ]; then pendwait=$left; fi
+  n=0
+  while [ -n "$(ls -A "$outdir" 2>/dev/null)" ] && [ "$n" -lt $((pendwait * 10)) ]; do
+    sleep 0.1 2>/dev/null || sleep 1
+    n=$((n + 1))
+  done
+  rm -rf -- "$outdir"
+fi
+if ! mkdir -m 700 -- "$run" 2>/dev/null; then
+  echo "CreateOS Sandbox: could not create the run directory $run" >&2
+  exit 125
+fi
+if [ "$from" = stdin ]; then
+  cat > "$src" || exit 125
+elif [ -n "$src" ]; then
+  mv -f -- "$run.upload" "$src" 2>/dev/null
+  sum=$(sha256sum < "$src" 2>/dev/null) || sum=
+  if [ -L "$src" ] || [ ! -f "$src" ] || { [ "${sum%% *}" != "$from" ] && { [ -n "$sum" ] || [ "$lockwait" -gt 0 ]; }; }; then
+    echo "CreateOS Sandbox: the uploaded program is missing or was changed before it ran" >&2
+    rm -rf -- "$run"
     exit 125
   fi
 fi
@@ -71,14 +105,17 @@ start=$(date +%s)
 rc=$?
 if [ "$rc" -eq 137 ] && [ $(( $(date +%s) - start )) -ge "$limit" ]; then rc=124; fi
 if [ "$collect" = 1 ]; then
-  timeout --signal=KILL "$budget" /bin/sh -c \
-    'tar -czf - -C "$1" . 2>/dev/null | head -c "$2" > "$3"' archive "$art" "$cap" "$run/files.tar.gz" \
-    </dev/null 9>&-
+  ( timeout --signal=KILL "$budget" /bin/sh -c \
+      'tar -czf - -C "$1" . 2>/dev/null | head -c "$2" > "$3"' archive "$art" "$cap" "$run/files.tar.gz" \
+      </dev/null 9>&-
+    exit $? ) 2>/dev/null
   rm -rf -- "$art"
   mkdir -p -- "$art" 2>/dev/null
-else
-  rm -rf -- "$run"
+  # out of the run directory before the lock is released; the host fetches and removes it
+  mkdir -p -- "$outdir" 2>/dev/null
+  mv -f -- "$run/files.tar.gz" "$outdir/${run##*/}.tar.gz" 2>/dev/null
 fi
+rm -rf -- "$run"
 exit "$rc"
 """
 
@@ -175,8 +212,8 @@ def check_timeout(value: object) -> int:
         number = value
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        number = int(value.strip())
+    elif isinstance(value, str):
+        number = settings.whole_number(value)  # ASCII digits: not "٣", not "--5"
     if number is None:
         raise ValueError(f"Timeout (seconds) must be a whole number of seconds, not {value!r}.")
     if number < 1 or number > MAX_TIMEOUT_SECONDS:
@@ -473,7 +510,10 @@ class _Phase:
 def _max_output_bytes() -> int:
     try:
         return settings.parse_int(
-            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", settings.DEFAULT_MAX_OUTPUT_BYTES, minimum=1024
+            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
+            settings.DEFAULT_MAX_OUTPUT_BYTES,
+            minimum=settings.MIN_OUTPUT_BYTES,
+            maximum=settings.MAX_OUTPUT_BYTES,
         )
     except SettingsError as exc:
         raise SandboxUnavailableError(str(exc)) from None
@@ -489,12 +529,15 @@ class _GuestProgram:
 
     @property
     def archive_path(self) -> str:
-        return f"{self.run_dir}/files.tar.gz"
+        """Where the wrapper leaves the archive for the host (outside the run directory)."""
+        return f"{ARCHIVE_DIR}/{self.run_dir.rsplit('/', 1)[-1]}.tar.gz"
 
 
 def lock_wait_seconds(timeout: int) -> int:
-    """How long a run on a reused guest waits for another run's turn: one whole run."""
-    return timeout + ARCHIVE_BUDGET_SECONDS + 15
+    """How long a run on a reused guest waits for its turn: one whole run of another (its own
+    wait for the archive before it, its program, its archive step), then the wait for that
+    run's archive to be fetched."""
+    return PENDING_WAIT_SECONDS + timeout + ARCHIVE_BUDGET_SECONDS + 15 + PENDING_WAIT_SECONDS
 
 
 def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
@@ -519,13 +562,19 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
         program = ["/bin/sh", source]
     else:
         program = ["/bin/sh", "-c", req.program]
+    arrives = ""
     if source:
         if json_safe and len(data) <= runtime.STDIN_PROGRAM_MAX_BYTES:
             stdin = req.program  # written to `source` by the wrapper: one round trip fewer
+            arrives = "stdin"
         else:
-            files.append((source, data))
+            # staged next to the run directory, which only exists once the wrapper holds the
+            # lock; the wrapper moves it in and checks it is still these bytes
+            files.append((f"{run_dir}.upload", data))
+            arrives = hashlib.sha256(data).hexdigest()
     archive_budget = ARCHIVE_BUDGET_SECONDS if req.collect else 0
     lock_wait = lock_wait_seconds(req.timeout) if lock else 0
+    pending_wait = PENDING_WAIT_SECONDS if lock else 0
     argv = [
         "-c",
         GUEST_WRAPPER,
@@ -536,7 +585,9 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
         str(ARCHIVE_BUDGET_SECONDS),
         str(artifacts.MAX_ARCHIVE_BYTES),
         str(lock_wait),
-        source if stdin is not None else "",
+        str(pending_wait),
+        source,
+        arrives,
         *program,
     ]
     exec_timeout = float(lock_wait + req.timeout + archive_budget + EXEC_GRACE_SECONDS)
@@ -678,9 +729,9 @@ def _run_reused(
         note("Collecting files…")
         _collect(client, native, sandbox_id, program, outcome, retry)
         try:
-            client.exec(sandbox_id, "/bin/rm", ["-rf", program.run_dir], timeout=30.0, stream=False)
-        except native.CreateOSError as exc:  # the next runs do not read it; only disk is lost
-            logger.warning("could not remove %s on guest %s: %s", program.run_dir, sandbox_id, exc)
+            client.exec(sandbox_id, "/bin/rm", ["-f", program.archive_path], timeout=30.0, stream=False)
+        except native.CreateOSError as exc:  # the next run drops it after its pending wait
+            logger.warning("could not remove %s on guest %s: %s", program.archive_path, sandbox_id, exc)
     return outcome
 
 
@@ -748,6 +799,9 @@ def run(
     (fail closed: a setting or the account must change) or SandboxExecutionError (transient);
     the program's own failure is an outcome with a non-zero exit code, not an exception."""
     note = note or (lambda _text: None)
+    refusal = runtime.nul_refusal(req.program, "Python Code" if req.mode == "python" else "Command")
+    if refusal:
+        raise ValueError(refusal)  # before any setting is read or guest exists
     try:
         accepted = settings.accept_egress_exceptions()
         rootfs = settings.rootfs()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import logging
+import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -29,14 +32,48 @@ def searchable_by_others(directory: Path) -> bool:
     return all(d.stat().st_mode & 0o001 for d in (directory, *directory.parents))
 
 
+API_KEY_ENV = "CREATEOS_LOCAL_API_KEY"
+
+
+def is_loopback(host: str) -> bool:
+    """True for `localhost` and any 127.0.0.0/8 or ::1 address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def api_key(given: str | None) -> tuple[str, bool]:
+    """The API key to require, and whether it was generated here (then it is printed)."""
+    key = given if given is not None else os.environ.get(API_KEY_ENV)
+    if key is not None:
+        if not key.strip():
+            raise ValueError(f"the API key (--api-key or ${API_KEY_ENV}) must not be empty")
+        return key, False
+    return secrets.token_urlsafe(24), True
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="createos-local",
         description="Offline CreateOS control plane: the /v1 API on loopback, real guests in bubblewrap.",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a --host that is not a loopback address (the API is then reachable from other machines)",
+    )
     p.add_argument("--port", type=int, default=8787, help="TCP port; 0 picks a free one (default 8787)")
-    p.add_argument("--api-key", default="dev-key", help="the X-Api-Key clients must send (default dev-key)")
+    p.add_argument(
+        "--api-key",
+        help=(
+            f"the X-Api-Key clients must send (every route but /healthz and /readyz, /_local/* included); "
+            f"default ${API_KEY_ENV}, else a random key printed at start"
+        ),
+    )
     p.add_argument("--state-dir", type=Path, help="directory for guest files (default: a fresh temp dir)")
     p.add_argument("--port-file", type=Path, help="write the bound port to this file once listening")
     p.add_argument(
@@ -99,6 +136,15 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    if not is_loopback(args.host) and not args.allow_remote:
+        parser().error(
+            f"--host {args.host} is not a loopback address: every machine that can reach it could create "
+            "guests (which run real processes here) with the API key. Pass --allow-remote to mean it."
+        )
+    try:
+        key, generated = api_key(args.api_key)
+    except ValueError as exc:
+        parser().error(str(exc))
     if (args.tls_cert is None) != (args.tls_key is None):
         parser().error("--tls-cert and --tls-key go together")
     if args.http2 and args.tls_cert is None:
@@ -115,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = ServerConfig(
         host=args.host,
         port=args.port,
-        api_key=args.api_key,
+        api_key=key,
         state_dir=state_dir.resolve(),
         boot_delay_ms=args.boot_delay_ms,
         transition_delay_ms=args.transition_delay_ms,
@@ -152,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         # every guest disk and root is a mount of this namespace: none reaches the host's
         # mount table, and all of them go away with this process, even on SIGKILL
         private_mount_namespace()
+    if generated:
+        print(f"createos-local: API key (generated for this run): {key}", flush=True)
     # sandboxes are not persisted: leftovers of a previous run are garbage
     shutil.rmtree(config.state_dir / "sandboxes", ignore_errors=True)
     guests_link: Path | None = None

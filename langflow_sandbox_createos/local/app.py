@@ -194,10 +194,20 @@ def _typed(body: dict[str, Any], key: str, kind: type | tuple[type, ...], what: 
     return value
 
 
+def _no_nul(value: str, key: str) -> str:
+    """A NUL would end the string at the kernel (argv, env): refuse it rather than cut it."""
+    if "\0" in value:
+        raise bad_request(f"{key} must not contain a NUL character (at position {value.index(chr(0))})", key)
+    return value
+
+
 def _string_list(body: dict[str, Any], key: str) -> list[str] | None:
     value = _typed(body, key, list, "a list of strings")
     if value is not None and not all(isinstance(v, str) for v in value):
         raise bad_request(f"{key} must be a list of strings", key)
+    if value is not None:
+        for i, item in enumerate(value):
+            _no_nul(item, f"{key}[{i}]")
     return value
 
 
@@ -210,6 +220,7 @@ def _envs(body: dict[str, Any], key: str) -> dict[str, str] | None:
             raise bad_request(f"invalid environment variable name {k!r}", key)
         if not isinstance(v, str):
             raise bad_request(f"{key}.{k} must be a string", key)
+        _no_nul(v, f"{key}.{k}")
     return dict(value)
 
 
@@ -531,6 +542,7 @@ def build_app(plane: Plane) -> ASGIApp:
         cmd = _typed(body, "cmd", str, "a string")
         if not cmd:
             raise bad_request("cmd is required", "cmd")
+        _no_nul(cmd, "cmd")
         args = _string_list(body, "args") or []
         env = _envs(body, "env") or {}
         stdin = _typed(body, "stdin", str, "a string")
@@ -579,17 +591,21 @@ def build_app(plane: Plane) -> ASGIApp:
         return success(result)
 
     # -- admin ----------------------------------------------------------------------------
-    def loopback_only(request: Request) -> None:
+    def admin_only(request: Request) -> None:
+        """Admin routes: loopback clients with the API key. A guest whose egress allows all
+        shares the host's network namespace and can reach this socket; without the key
+        (which no guest is given) it gets 401 like on every /v1 route."""
         host = request.client.host if request.client else ""
         if host not in ("127.0.0.1", "::1", "localhost") and not host.startswith("127."):
             raise ApiError(403, "admin routes are served to loopback clients only", "forbidden")
+        plane.authorize(request)
 
     async def local_stats(request: Request) -> Response:
-        loopback_only(request)
+        admin_only(request)
         return Response(json.dumps(plane.stats()), media_type="application/json")
 
     async def local_faults(request: Request) -> Response:
-        loopback_only(request)
+        admin_only(request)
         if request.method == "PUT":
             plane.faults = FaultSet.parse(await json_object(request))
         elif request.method == "DELETE":

@@ -10,7 +10,7 @@ from pathlib import Path
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8787
-    api_key: str = "dev-key"
+    api_key: str = ""  # required: an empty key authorises nobody
     state_dir: Path = Path(".")
     boot_delay_ms: int = 0
     transition_delay_ms: int = 0

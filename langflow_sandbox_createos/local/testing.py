@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import ssl
@@ -35,7 +36,7 @@ class LocalControlPlane:
     def __init__(
         self,
         *,
-        api_key: str = "test-key",
+        api_key: str | None = None,
         boot_delay_ms: int = 0,
         transition_delay_ms: int = 0,
         heartbeat_seconds: float | None = None,
@@ -46,9 +47,10 @@ class LocalControlPlane:
         tls: tuple[str | os.PathLike[str], str | os.PathLike[str], str | os.PathLike[str]] | None = None,
     ) -> None:
         """``tls=(cert, key, ca)`` serves HTTPS on ``https://localhost:PORT``; ``ca`` is the PEM
-        bundle the admin calls of this helper trust."""
-        self.api_key = api_key
-        self._args = ["--api-key", api_key, "--boot-delay-ms", str(boot_delay_ms)]
+        bundle the admin calls of this helper trust. ``api_key`` defaults to a random one (a
+        guest cannot guess it); it reaches the server in its environment, not its argv."""
+        self.api_key = api_key if api_key is not None else secrets.token_urlsafe(18)
+        self._args = ["--boot-delay-ms", str(boot_delay_ms)]
         self._args += ["--transition-delay-ms", str(transition_delay_ms)]
         if heartbeat_seconds is not None:
             self._args += ["--heartbeat-seconds", str(heartbeat_seconds)]
@@ -105,6 +107,7 @@ class LocalControlPlane:
         port_file = self.workdir / "port"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        env["CREATEOS_LOCAL_API_KEY"] = self.api_key
         argv = [sys.executable, "-m", "langflow_sandbox_createos.local", "--host", "127.0.0.1", "--port", "0"]
         argv += ["--state-dir", str(self.state_dir), "--port-file", str(port_file), *self._args]
         with open(self.log_path, "wb") as log:
@@ -160,19 +163,19 @@ class LocalControlPlane:
             return exc.code, json.loads(exc.read() or b"null")
 
     def stats(self) -> dict[str, Any]:
-        return self._request("GET", "/_local/stats")[1]
+        return self._request("GET", "/_local/stats", auth=True)[1]
 
     def faults(self) -> dict[str, Any]:
-        return self._request("GET", "/_local/faults")[1]["data"]
+        return self._request("GET", "/_local/faults", auth=True)[1]["data"]
 
     def set_faults(self, faults: dict[str, Any]) -> dict[str, Any]:
-        status, body = self._request("PUT", "/_local/faults", faults)
+        status, body = self._request("PUT", "/_local/faults", faults, auth=True)
         if status != 200:
             raise ValueError(f"fault set refused: {body}")
         return body["data"]
 
     def clear_faults(self) -> None:
-        self._request("DELETE", "/_local/faults")
+        self._request("DELETE", "/_local/faults", auth=True)
 
     def sandboxes(self) -> list[dict[str, Any]]:
         """Every sandbox row (id, name, status, created_at), terminal ones included."""

@@ -8,19 +8,25 @@ import time
 
 import pytest
 
-from langflow_sandbox_createos import cli
+from langflow_sandbox_createos import cli, runtime
 from langflow_sandbox_createos._createos import Client
+
+BACKEND = runtime.random_name("lf-")
+REUSED = runtime.random_name("lf-c-")
+EXECUTOR = runtime.random_name("lf-x-")
+POOL = runtime.random_name("lf-w-")
+NOT_OURS = ("lf-mine", "user-own-guest")
 
 
 @pytest.fixture
 def guests(createos_env, cp, control_plane):
     client = Client(control_plane.url, control_plane.api_key)
     made = {}
-    for name in ("lf-reap-run", "lf-c-reap-paused", "lf-x-reap-run", "user-own-guest"):
+    for name in (BACKEND, REUSED, EXECUTOR, POOL, *NOT_OURS):
         made[name] = client.create({"shape": "s-1vcpu-256mb", "name": name})["id"]
-    client.pause(made["lf-c-reap-paused"])
+    client.pause(made[REUSED])
     deadline = time.monotonic() + 10
-    while client.get(made["lf-c-reap-paused"])["status"] != "paused":
+    while client.get(made[REUSED])["status"] != "paused":
         assert time.monotonic() < deadline
         time.sleep(0.05)
     yield client, made
@@ -30,51 +36,59 @@ def guests(createos_env, cp, control_plane):
     control_plane.wait_until_no_live(timeout=5.0)
 
 
-def listed(capsys, *argv: str) -> tuple[int, list[dict]]:
+def listed(capsys, *argv: str) -> tuple[int, list[dict], int]:
     code = cli.main(["reap", "--json", *argv])
     data = json.loads(capsys.readouterr().out)
-    return code, data["guests"]
+    return code, data["guests"], data["kept_active"]
 
 
-def test_dry_run_lists_only_plugin_guests(guests, capsys):
+def test_dry_run_lists_only_plugin_guests_that_are_not_in_use(guests, capsys):
     client, made = guests
-    code, rows = listed(capsys)
+    # e8f911e: the default prefix lf- also matched the pool's lf-w- guest, lf-mine, and the
+    # running guests (which may be running a program right now)
+    code, rows, active = listed(capsys)
     assert code == 0
-    names = {r["name"] for r in rows}
-    assert names == {"lf-reap-run", "lf-c-reap-paused", "lf-x-reap-run"}
+    assert [r["name"] for r in rows] == [REUSED] and active == 2
+    code, rows, active = listed(capsys, "--include-active")
+    assert {r["name"] for r in rows} == {BACKEND, REUSED, EXECUTOR} and active == 0
     assert all(r["age_seconds"] is not None for r in rows)
     assert all(client.get(i)["status"] in ("running", "paused") for i in made.values())
 
 
 def test_filters(guests, capsys):
-    _, rows = listed(capsys, "--prefix", "lf-c-")
-    assert [r["name"] for r in rows] == ["lf-c-reap-paused"]
-    _, rows = listed(capsys, "--state", "paused")
-    assert [r["name"] for r in rows] == ["lf-c-reap-paused"]
-    _, rows = listed(capsys, "--prefix", "lf-x-", "--state", "running")
-    assert [r["name"] for r in rows] == ["lf-x-reap-run"]
-    _, rows = listed(capsys, "--older-than", "1h")
+    _, rows, _ = listed(capsys, "--prefix", "lf-c-")
+    assert [r["name"] for r in rows] == [REUSED]
+    _, rows, _ = listed(capsys, "--state", "paused")
+    assert [r["name"] for r in rows] == [REUSED]
+    _, rows, _ = listed(capsys, "--prefix", "lf-x-", "--state", "running", "--include-active")
+    assert [r["name"] for r in rows] == [EXECUTOR]
+    _, rows, _ = listed(capsys, "--prefix", "lf-w-", "--include-active")  # the pool only when asked
+    assert [r["name"] for r in rows] == [POOL]
+    _, rows, _ = listed(capsys, "--prefix", "lf-", "--include-active")  # an explicit prefix is a prefix
+    assert {r["name"] for r in rows} == {BACKEND, REUSED, EXECUTOR, POOL, "lf-mine"}
+    _, rows, _ = listed(capsys, "--older-than", "1h")
     assert rows == []
 
 
 def test_yes_deletes_with_progress_and_summary(guests, capsys, control_plane):
-    code = cli.main(["reap", "--yes"])
+    code = cli.main(["reap", "--yes", "--include-active"])
     out, err = capsys.readouterr()
     assert code == 0
     assert "Deleted 3 of 3 guest(s)." in out
     assert "3/3" in err
-    control_plane.wait_until_no_live(timeout=5.0, ignore_prefix="user-")
+    control_plane.wait_until_no_live(timeout=5.0, ignore_prefix="lf-")
     live = {sb["name"] for sb in control_plane.live_sandboxes()}
-    assert live == {"user-own-guest"}
+    assert live == {POOL, *NOT_OURS}
 
 
 def test_human_dry_run_output(guests, capsys):
     code = cli.main(["reap"])
     out = capsys.readouterr().out
     assert code == 0
-    assert "3 guest(s) left behind by the plugin." in out
+    assert "1 guest(s) left behind by the plugin." in out
+    assert "Kept 2 creating or running guest(s) younger than 2h" in out
     assert "Dry run: nothing deleted" in out
-    assert "user-own-guest" not in out
+    assert "user-own-guest" not in out and POOL not in out
 
 
 def test_parse_duration():

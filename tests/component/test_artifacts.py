@@ -7,8 +7,10 @@ import gzip
 import io
 import random
 import tarfile
+import threading
 import time
 
+import orjson
 import pytest
 
 from langflow_sandbox_createos import artifacts
@@ -80,11 +82,17 @@ def test_text_binary_dotfiles_and_directories() -> None:
     assert not out.truncated and out.notes == []
     rows = {row["path"]: row for row in out.rows()}
     assert set(rows) == {"sub/report.txt", "sub/blob.bin", ".env", "empty"}
-    assert rows["sub/report.txt"] == {"path": "sub/report.txt", "size": 7, "text": "héllo\n", "base64": None}
+    assert rows["sub/report.txt"] == {
+        "path": "sub/report.txt",
+        "size": 7,
+        "text": "héllo\n",
+        "base64": None,
+        "path_escaped": False,
+    }
     assert rows["sub/blob.bin"]["text"] is None
     assert base64.b64decode(rows["sub/blob.bin"]["base64"]) == binary
     assert rows["sub/blob.bin"]["size"] == 256
-    assert rows["empty"] == {"path": "empty", "size": 0, "text": "", "base64": None}
+    assert rows["empty"] == {"path": "empty", "size": 0, "text": "", "base64": None, "path_escaped": False}
 
 
 def test_traversal_absolute_and_special_members_are_skipped_and_reported() -> None:
@@ -140,7 +148,16 @@ def test_gzip_bomb_costs_at_most_the_budget() -> None:
     out = extract(bomb)
     assert time.monotonic() - started < 5
     assert out.files == [] and out.truncated
-    assert "expands to more than" in out.message
+    # the member declares its 4 GiB: reading stops before inflating any of it
+    assert "declares an entry of 4294967296 bytes, beyond the 7 MiB" in out.message
+
+
+def test_header_data_tarfile_reads_itself_stops_at_the_budget() -> None:
+    # a GNU long name is read by tarfile, not by a member read: the reader's budget stops it
+    archive = _tar([_file("./ok", b"ok"), _file("n" * (9 * 1024 * 1024), b"x")])
+    out = extract(archive)
+    assert out.truncated and "expands to more than 7 MiB" in out.message
+    assert [f.path for f in out.files] == ["ok"]
 
 
 def test_bounded_reader_stops_at_budget() -> None:
@@ -177,3 +194,110 @@ def test_empty_directory_archive() -> None:
     dir_info.type = tarfile.DIRTYPE
     out = extract(_tar([(dir_info, None)]))
     assert out.files == [] and not out.truncated and out.message == ""
+
+
+def _declaring(name: str, size: int, *, then: bytes = b"") -> bytes:
+    """A tiny tar.gz whose one member declares `size` bytes and holds none of them."""
+    header = tarfile.TarInfo(name)
+    header.size = size
+    return gzip.compress(header.tobuf(format=tarfile.GNU_FORMAT) + then)
+
+
+def _extract_in_thread(archive: bytes, seconds: float = 120.0) -> artifacts.Extraction:
+    """extract() on a daemon thread, so a reader that spins fails the test instead of hanging it."""
+    box: list[artifacts.Extraction] = []
+    worker = threading.Thread(target=lambda: box.append(extract(archive)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert box, f"extract() still running after {seconds:g} s"
+    return box[0]
+
+
+@pytest.mark.parametrize("name", ["../skipped", "./big.bin"])
+def test_member_declaring_a_petabyte_stops_at_once_with_a_note(name: str) -> None:
+    # e8f911e: tarfile skipped the member one empty 10 KiB read at a time, ~10**11 reads
+    archive = _declaring(name, 10**15)
+    assert len(archive) < 200
+    out = _extract_in_thread(archive)
+    assert out.files == [] and out.truncated
+    assert "declares an entry of 1000000000000000 bytes" in out.message
+
+
+def test_member_declaring_more_than_it_holds_within_budget_ends_early() -> None:
+    # a skipped member within the budget whose data is missing: the reader notices it is
+    # being read past the end instead of serving hundreds of empty reads
+    archive = _declaring("../skipped", 6 * 1024 * 1024)
+    reads = 0
+    original = artifacts._BoundedReader.read
+
+    def counting(self: artifacts._BoundedReader, size: int | None = -1) -> bytes:
+        nonlocal reads
+        reads += 1
+        return original(self, size)
+
+    artifacts._BoundedReader.read = counting  # type: ignore[method-assign]
+    try:
+        out = _extract_in_thread(archive)
+    finally:
+        artifacts._BoundedReader.read = original  # type: ignore[method-assign]
+    assert out.truncated and "ends early" in out.message
+    assert reads < 50
+
+
+def test_reading_stops_at_the_deadline() -> None:
+    archive = _tar([_file("./a", b"x" * 100_000)])
+    out = extract(archive, max_seconds=-1.0)
+    assert out.files == [] and out.truncated
+    assert "took more than -1 s" in out.message
+    assert extract(archive).files[0].data == b"x" * 100_000
+
+
+def test_duplicate_entries_are_reported() -> None:
+    archive = _tar([_file("./a", b"first"), _file("a", b"second"), _file("./b", b"b")])
+    out = extract(archive)
+    assert [(f.path, f.data) for f in out.files] == [("a", b"first"), ("b", b"b")]
+    assert "Skipped 1 entry repeating the path of an earlier file" in out.message
+
+
+def _raw_names_tar(names: list[bytes]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT, encoding="utf-8") as tar:
+        for name in names:
+            info = tarfile.TarInfo(name.decode("utf-8", "surrogateescape"))
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    return gzip.compress(raw.getvalue())
+
+
+def test_unsafe_names_come_back_escaped_marked_and_serialisable() -> None:
+    names = [
+        b"caf\xe9.txt",  # latin-1, not UTF-8
+        b"\x1b[31mred",  # ESC
+        "evil\u202etxt.exe".encode(),  # right-to-left override
+        "c1\u0085x".encode(),  # C1 control
+        b"back\\slash\x7f",  # backslash plus DEL: the backslash is doubled
+        "plain-\u00e9t\u00e9.txt".encode(),  # fine as it is
+    ]
+    out = extract(_raw_names_tar(names))
+    rows = out.rows()
+    assert [(r["path"], r["path_escaped"]) for r in rows] == [
+        ("caf\\xe9.txt", True),
+        ("\\x1b[31mred", True),
+        ("evil\\u202etxt.exe", True),
+        ("c1\\u0085x", True),
+        ("back\\\\slash\\x7f", True),
+        ("plain-\u00e9t\u00e9.txt", False),
+    ]
+    assert "5 file names held bytes that are not UTF-8" in out.message
+    decoded = orjson.loads(orjson.dumps(rows))
+    assert decoded == rows
+
+
+def test_escaping_is_unambiguous() -> None:
+    # an ESC and the four characters "\x1b" must not come back as the same row
+    out = extract(_raw_names_tar([b"\x1b", b"\\x1b"]))
+    assert [(r["path"], r["path_escaped"]) for r in out.rows()] == [("\\x1b", True), ("\\x1b", False)]
+    assert out.notes == [
+        "1 file name held bytes that are not UTF-8, control or bidi characters: "
+        "shown escaped (\\xNN, \\uNNNN, backslash doubled) with path_escaped true."
+    ]

@@ -75,7 +75,7 @@ def test_command_mode_returns_files(component_cls: type, env: LocalControlPlane)
     )
     assert run.results["artifact_count"] == 1
     assert run.files.to_dict(orient="records") == [
-        {"path": "t.csv", "size": 8, "text": "a,b\n1,2\n", "base64": None}
+        {"path": "t.csv", "size": 8, "text": "a,b\n1,2\n", "base64": None, "path_escaped": False}
     ]
     no_live_guests(env)
 
@@ -106,7 +106,7 @@ def test_timeout_kill_still_returns_the_files_written(component_cls: type, env: 
     assert res["error"] == "Timed out after 2 s"
     assert res["result"] == "started"
     assert run.files.to_dict(orient="records") == [
-        {"path": "progress.txt", "size": 8, "text": "partial\n", "base64": None}
+        {"path": "progress.txt", "size": 8, "text": "partial\n", "base64": None, "path_escaped": False}
     ]
     no_live_guests(env)
 

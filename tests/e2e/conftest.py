@@ -39,9 +39,14 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_LANGFLOW = ROOT / os.environ.get("VENV_LANGFLOW", ".venv-langflow")
 START_TIMEOUT = float(os.environ.get("LANGFLOW_E2E_START_TIMEOUT", "420"))
 ARTIFACTS = ROOT / "tests" / "artifacts"
-LOCAL_API_KEY = "dev-key"  # scripts/run-langflow.sh's key for its createos-local
 # The plugin's settings must come from the script, never from the test process.
-_SCRUB = ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY", "CREATEOS_SANDBOX_BASE_URL", "LANGFLOW_")
+_SCRUB = (
+    "CREATEOS_SANDBOX_API_KEY",
+    "CREATEOS_API_KEY",
+    "CREATEOS_SANDBOX_BASE_URL",
+    "CREATEOS_LOCAL_API_KEY",
+    "LANGFLOW_",
+)
 SUPERUSER = "createos-e2e"
 
 
@@ -61,9 +66,9 @@ class LangflowServer:
     output: list[str] = field(default_factory=list)
     starter_flow_id: str | None = None
     control_plane_url: str | None = None
+    control_plane_key: str = field(default_factory=lambda: secrets.token_urlsafe(18))
     start_seconds: float | None = None
     reuse_idle_seconds: int = 2  # the server's CREATEOS_SANDBOX_REUSE_IDLE_SECONDS
-    local_api_key: str = LOCAL_API_KEY
     username: str = SUPERUSER
     password: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     _pump: threading.Thread | None = None
@@ -76,7 +81,7 @@ class LangflowServer:
         """``createos-langflow`` of the server's venv, pointed at its createos-local."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
         env.update(
-            CREATEOS_SANDBOX_BASE_URL=str(self.control_plane_url), CREATEOS_SANDBOX_API_KEY=LOCAL_API_KEY
+            CREATEOS_SANDBOX_BASE_URL=str(self.control_plane_url), CREATEOS_SANDBOX_API_KEY=self.control_plane_key
         )
         command = [str(VENV_LANGFLOW / "bin" / "createos-langflow"), *args]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
@@ -98,7 +103,10 @@ class LangflowServer:
     # -- createos-local's admin API (what LocalControlPlane.sandboxes() reads) -----------------
     def stats(self) -> dict[str, Any]:
         assert self.control_plane_url
-        with urllib.request.urlopen(f"{self.control_plane_url}/_local/stats", timeout=10) as r:
+        request = urllib.request.Request(
+            f"{self.control_plane_url}/_local/stats", headers={"X-Api-Key": self.control_plane_key}
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
             return json.loads(r.read())
 
     def sandboxes(self) -> list[dict[str, Any]]:
@@ -132,6 +140,7 @@ class LangflowServer:
         env.update(
             LANGFLOW_PORT=str(self.port),
             CREATEOS_LOCAL_PORT="0",
+            CREATEOS_LOCAL_API_KEY=self.control_plane_key,
             RUN_DIR=str(self.run_dir),
             SKIP_INSTALL="1",  # make test built .venv-langflow already
             LANGFLOW_START_TIMEOUT=str(int(START_TIMEOUT)),

@@ -133,7 +133,7 @@ def test_reused_guest_idle_past_its_lifetime_is_gone_after_next_use_or_reap(lang
 
     admin = langflow_server.client()
     flow_id = create_flow(admin, "e2e: idle lifetime", reuse)
-    plane = Client(langflow_server.control_plane_url, langflow_server.local_api_key)
+    plane = Client(langflow_server.control_plane_url, langflow_server.control_plane_key)
     lifetime = langflow_server.reuse_idle_seconds
 
     first = json_block(run_outputs(admin, flow_id)[SANDBOX])

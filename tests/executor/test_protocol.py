@@ -202,3 +202,36 @@ def test_bootstrap_runs_the_runner_from_stdin_only() -> None:
     assert [f["t"] for f in frames] == ["hello", "missing_lfx"]
     assert done.returncode == 3
     assert token not in done.stdout and token not in done.stderr
+
+
+def test_a_line_in_tiny_pieces_costs_about_its_own_size() -> None:
+    """e8f911e kept a newline-less line as a list of the pieces it came in (10 MB in 2-byte
+    pieces: 363 MiB RSS, ~60 bytes a piece). Measured with tracemalloc: 200,000 new 2-character
+    pieces (the list would hold ~11 MiB for a 0.4 MB line)."""
+    import tracemalloc
+
+    key = os.urandom(32)
+    reader, frames, plain = _reader(key)
+    pieces = 200_000
+    tracemalloc.start()
+    try:
+        for i in range(pieces):
+            reader.feed(chr(97 + i % 26) * 2)  # a new string object each time, as decoded chunks are
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024, f"{peak / 2**20:.1f} MiB for a {2 * pieces / 2**20:.2f} MiB line"
+    reader.feed("\n" + encode_frame(key, 0, "done"))
+    assert len(plain) == 1 and len(plain[0]) == 2 * pieces and frames == [{"t": "done"}]
+
+
+def test_an_endless_line_is_passed_on_as_plain_output_at_the_cap() -> None:
+    key = os.urandom(32)
+    frames: list[dict[str, Any]] = []
+    plain: list[str] = []
+    reader = FrameReader(key=key, on_frame=frames.append, on_plain=plain.append, max_line=1000)
+    for _ in range(30):
+        reader.feed("x" * 100)
+    assert [len(p) for p in plain] == [1100, 1100] and reader.rejected == 2
+    reader.feed("\n" + encode_frame(key, 0, "done"))
+    assert plain[-1] == "x" * 800 and frames == [{"t": "done"}]

@@ -26,8 +26,8 @@ def test_fault_set_round_trip_and_validation(cp: LocalControlPlane) -> None:
     for bad in ({"rules": [{"route": "nope"}]}, {"rules": [{"body": "weird"}]}, {"rules": "x"}, {"bogus": 1}):
         with pytest.raises(ValueError):
             cp.set_faults(bad)
-    with httpx.Client(base_url=cp.url) as anon:
-        malformed = anon.put("/_local/faults", content=b"{", headers={"Content-Type": "application/json"})
+    with httpx.Client(base_url=cp.url, headers={"X-Api-Key": cp.api_key}) as admin:
+        malformed = admin.put("/_local/faults", content=b"{", headers={"Content-Type": "application/json"})
         assert failure(malformed, 400)
 
 

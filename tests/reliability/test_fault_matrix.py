@@ -284,6 +284,7 @@ def _matrix_patches(phase: str) -> Iterator[None]:
         mp.setattr(sandbox_run, "EXEC_GRACE_SECONDS", matrix.COMPONENT_GRACE)
         mp.setattr(sandbox_run, "ARCHIVE_BUDGET_SECONDS", matrix.COMPONENT_ARCHIVE)
         mp.setattr(sandbox_run, "lock_wait_seconds", lambda timeout: matrix.COMPONENT_LOCK_WAIT)
+        mp.setattr(sandbox_run, "PENDING_WAIT_SECONDS", matrix.COMPONENT_PENDING_WAIT)
         mp.setattr(sandbox_run, "GUEST_READY_SECONDS", matrix.COMPONENT_READY)
         mp.setattr(executor_module, "EXEC_GRACE_SECONDS", matrix.EXECUTOR_GRACE)
         if phase == "spec-upload":

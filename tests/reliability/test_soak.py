@@ -196,6 +196,9 @@ def soak_plane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(sandbox_run, "EXEC_GRACE_SECONDS", 3)
     monkeypatch.setattr(sandbox_run, "ARCHIVE_BUDGET_SECONDS", 5)
     monkeypatch.setattr(sandbox_run, "lock_wait_seconds", lambda timeout: 10)
+    # inside that 10 s: a run waits at most 1 s for the archive of the run before it (its
+    # host may be the one a fault hit), so the run after it still gets its turn
+    monkeypatch.setattr(sandbox_run, "PENDING_WAIT_SECONDS", 1)
     monkeypatch.setattr(sandbox_run, "GUEST_READY_SECONDS", 20.0)
     monkeypatch.setattr(executor_module, "EXEC_GRACE_SECONDS", 5.0)
     try:
