@@ -109,16 +109,16 @@ def test_unreachable_control_plane_exit_2(monkeypatch, capsys):
 
 def test_idle_picks_reused_guests_paused_past_the_lifetime(guests, capsys, control_plane):
     client, made = guests
-    paused = made["lf-c-reap-paused"]
+    paused = made[REUSED]
     while cli.clock.paused_seconds(client.get(paused), time.time()) <= 1.0:
         time.sleep(0.2)
-    _, rows = listed(capsys, "--idle", "1h")
+    _, rows, _ = listed(capsys, "--idle", "1h")
     assert rows == []  # paused, but not for an hour
-    _, rows = listed(capsys, "--idle", "1s")
-    assert [r["name"] for r in rows] == ["lf-c-reap-paused"]
+    _, rows, _ = listed(capsys, "--idle", "1s")
+    assert [r["name"] for r in rows] == [REUSED]
     assert rows[0]["idle_seconds"] > 1.0
     assert cli.main(["reap", "--idle", "1s", "--yes"]) == 0
     assert "Deleted 1 of 1 guest(s)." in capsys.readouterr().out
     assert client.get(paused)["status"] in ("destroying", "destroyed")
-    for name in ("lf-reap-run", "lf-x-reap-run", "user-own-guest"):
+    for name in (BACKEND, EXECUTOR, POOL, *NOT_OURS):
         assert client.get(made[name])["status"] == "running"

@@ -81,7 +81,8 @@ class LangflowServer:
         """``createos-langflow`` of the server's venv, pointed at its createos-local."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
         env.update(
-            CREATEOS_SANDBOX_BASE_URL=str(self.control_plane_url), CREATEOS_SANDBOX_API_KEY=self.control_plane_key
+            CREATEOS_SANDBOX_BASE_URL=str(self.control_plane_url),
+            CREATEOS_SANDBOX_API_KEY=self.control_plane_key,
         )
         command = [str(VENV_LANGFLOW / "bin" / "createos-langflow"), *args]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)

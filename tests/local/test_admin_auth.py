@@ -47,7 +47,7 @@ def test_a_guest_on_the_host_network_cannot_use_the_admin_routes(
 
     cp.set_faults({"rules": [{"route": "fork", "status": 503}]})
     sb = sandbox_factory(egress=["*"])  # shares the host network
-    result = run(client, sb["id"], sys.executable, "-c", PROBE, str(cp.port))
+    result = run(client, sb["id"], "python3", "-c", PROBE, str(cp.port))
     assert result["exit_code"] == 0, result
     seen = json.loads(result["stdout"])
     # e8f911e: 200 for stats (every sandbox) and for the fault change (1.5 s on every request)
