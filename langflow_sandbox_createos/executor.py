@@ -34,6 +34,7 @@ from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos import runtime, settings
+from langflow_sandbox_createos.executor_host import HostReplay, memory_seed
 from langflow_sandbox_createos.executor_protocol import (
     BOOTSTRAP,
     FrameReader,
@@ -42,6 +43,7 @@ from langflow_sandbox_createos.executor_protocol import (
     build_spec,
     decode_outputs,
     decode_vertex,
+    encode_runtime,
     inline_secrets,
     new_token,
     runner_source,
@@ -296,12 +298,13 @@ class _Run:
 
     async def stage(self) -> str:
         """The exec's stdin; a large spec is uploaded first and only its path travels on stdin."""
-        document: dict[str, Any] = {"runner": runner_source(), "token": self.token, "spec": self.spec}
+        spec = {**self.spec, "runtime": encode_runtime(self.spec["runtime"])}
+        document: dict[str, Any] = {"runner": runner_source(), "token": self.token, "spec": spec}
         stdin = json.dumps(document, separators=(",", ":"), default=str)
         if len(stdin) <= STDIN_SPEC_MAX_BYTES:
             return stdin
         path = f"{SPEC_DIR}/{runtime.random_name('s')}.json"
-        data = json.dumps(self.spec, separators=(",", ":"), default=str).encode()
+        data = json.dumps(spec, separators=(",", ":"), default=str).encode()
         native = runtime._native()
         try:
             await asyncio.to_thread(self.client.upload, self.sandbox_id, path, data)
@@ -399,12 +402,15 @@ class CreateOSExecutor(Executor):
     async def execute(self, unit: Unit) -> AsyncIterator[StepResult | RunComplete]:
         from lfx.graph.graph.constants import Finish
 
+        options = dict(unit.runtime_options or {})
         try:
-            spec, dropped = build_spec(unit.graph, list(unit.inputs or []), dict(unit.runtime_options or {}))
+            spec, dropped = build_spec(unit.graph, list(unit.inputs or []), options)
         except SpecError as exc:
             raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
         if dropped:
-            logger.debug("CreateOS executor: options that stay on the host: %s", ", ".join(sorted(dropped)))
+            logger.debug("CreateOS executor: what stays on the host: %s", ", ".join(sorted(dropped)))
+        replay = HostReplay(options.get("event_manager"), unit.graph, spec)
+        spec["runtime"]["memory"] = await memory_seed(unit.graph, spec)
         secrets_inline = inline_secrets(spec["graph"])
         if secrets_inline:
             logger.info(
@@ -437,6 +443,8 @@ class CreateOSExecutor(Executor):
                     break
                 frame: Mapping[str, Any] = item
                 frame_type = frame["t"]
+                if await replay.handle(frame):
+                    continue
                 if frame_type == "vertex":
                     try:
                         event = decode_vertex(frame)

@@ -17,6 +17,10 @@ from langflow_sandbox_createos.executor import CreateOSExecutor
 
 REPO = Path(__file__).resolve().parents[2]
 
+# The guest image every executor test runs on: the ONE place to change it. A rootfs with lfx
+# installed (createos-local's devbox:1 runs guests with this venv's interpreter).
+EXECUTOR_ROOTFS = "devbox:1"
+
 EXECUTOR_VARS = (
     "CREATEOS_API_KEY",
     "CREATEOS_SANDBOX_ROOTFS",
@@ -39,6 +43,7 @@ def executor_env(cp: Any, createos_env: Any, monkeypatch: pytest.MonkeyPatch) ->
     for name in EXECUTOR_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "180")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_ROOTFS", EXECUTOR_ROOTFS)
     executor_module.guest_knowledge.clear()
     return cp
 
@@ -128,6 +133,7 @@ def child_env(cp: Any, tmp_path: Path, **extra: str) -> dict[str, str]:
         CREATEOS_SANDBOX_API_KEY=cp.api_key,
         CREATEOS_SANDBOX_BASE_URL=cp.url,
         CREATEOS_EXECUTOR_TIMEOUT_SECONDS="180",
+        CREATEOS_EXECUTOR_ROOTFS=EXECUTOR_ROOTFS,
         LANGFLOW_DO_NOT_TRACK="true",
     )
     env.update(extra)
