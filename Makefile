@@ -83,8 +83,9 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy langflow_sandbox_createos
 
+# `make run EXECUTOR=createos` also runs whole flows (/api/v1/run, lfx run) in CreateOS guests.
 run: $(STAMP) $(LANGFLOW_STAMP)
-	VENV=$(VENV) VENV_LANGFLOW=$(VENV_LANGFLOW) scripts/run-langflow.sh
+	VENV=$(VENV) VENV_LANGFLOW=$(VENV_LANGFLOW) EXECUTOR=$(EXECUTOR) scripts/run-langflow.sh
 
 # sdist + wheel (the wheel built from the sdist), then a manylinux wheel bundling libcurl,
 # jansson and their dependencies. auditwheel picks the best tag these libraries allow: on

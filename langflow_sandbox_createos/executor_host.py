@@ -84,7 +84,9 @@ class HostReplay:
         except SandboxExecutionError:
             raise
         except Exception as exc:
-            raise SandboxExecutionError(f"CreateOS executor: could not apply the guest's {kind}: {exc}") from exc
+            raise SandboxExecutionError(
+                f"CreateOS executor: could not apply the guest's {kind}: {exc}"
+            ) from exc
         return True
 
     def _map_ids(self, data: Any) -> Any:
@@ -99,9 +101,13 @@ class HostReplay:
     def _event(self, frame: Mapping[str, Any]) -> None:
         name = frame.get("name")
         if not isinstance(name, str) or name not in self.allowed:
-            raise SandboxExecutionError(f"CreateOS executor: the guest sent an event nobody registered: {name!r}")
+            raise SandboxExecutionError(
+                f"CreateOS executor: the guest sent an event nobody registered: {name!r}"
+            )
         events = getattr(self.event_manager, "events", None)
-        callback = events.get(name) if isinstance(events, Mapping) else getattr(self.event_manager, name, None)
+        callback = (
+            events.get(name) if isinstance(events, Mapping) else getattr(self.event_manager, name, None)
+        )
         if callable(callback):
             callback(data=self._map_ids(frame.get("data")))
 

@@ -267,7 +267,9 @@ class _Memory:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stubs, name)
 
-    async def astore_message(self, message: Any, flow_id: Any = None, run_id: Any = None, user_id: Any = None):
+    async def astore_message(
+        self, message: Any, flow_id: Any = None, run_id: Any = None, user_id: Any = None
+    ):
         stored = await self.stubs.astore_message(message, flow_id=flow_id, run_id=run_id, user_id=user_id)
         from lfx.memory.flow_context import should_persist_messages
 
@@ -404,7 +406,10 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
     runtime = pickle.loads(base64.b64decode(spec["runtime"])) if spec.get("runtime") else {}
     _install_memory(frames, runtime.get("memory") or [])
     graph = Graph.from_payload(
-        spec["graph"], flow_id=spec.get("flow_id"), flow_name=spec.get("flow_name"), user_id=spec.get("user_id")
+        spec["graph"],
+        flow_id=spec.get("flow_id"),
+        flow_name=spec.get("flow_name"),
+        user_id=spec.get("user_id"),
     )
     if runtime.get("context"):
         graph.context = dict(runtime["context"])
