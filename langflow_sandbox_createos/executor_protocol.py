@@ -233,6 +233,13 @@ def _identity(graph: Any, runtime_options: Mapping[str, Any], flow_id: Any, flow
     }
 
 
+def _start_id(graph: Any) -> str | None:
+    """The component a Graph(start, end) begins with (flow JSON does not record it)."""
+    start = getattr(graph, "_start", None)
+    get_id = getattr(start, "get_id", None)
+    return str(get_id()) if callable(get_id) else None
+
+
 def build_spec(
     graph: Any, inputs: list[Any], runtime_options: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
@@ -282,6 +289,7 @@ def build_spec(
         "inputs": spec_inputs,
         "options": options,
         "events": event_names(event_manager) if event_manager is not None else None,
+        "start_component_id": _start_id(graph),
         # rich values: encoded with encode_runtime when the spec is staged
         "runtime": {"vertices": state, "context": context},
     }

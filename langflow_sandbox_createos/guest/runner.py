@@ -362,6 +362,25 @@ def _apply_state(graph: Any, vertices: dict[str, dict[str, Any]]) -> None:
             vertex.update_raw_params(changed, overwrite=True)
 
 
+class _Start:
+    """Stands in for the start component a Graph(start, end) was built with: lfx reads only
+    its id (where the run begins, and the entry point of cycle detection)."""
+
+    def __init__(self, vertex_id: str) -> None:
+        self._id = vertex_id
+
+    def get_id(self) -> str:
+        return self._id
+
+
+def _set_start(graph: Any, start_id: Any) -> None:
+    if not isinstance(start_id, str) or graph.get_vertex(start_id) is None:
+        return
+    graph._start = _Start(start_id)
+    graph._cycles = None  # computed from the start vertex
+    graph._cycle_vertices = None
+
+
 async def _drive(graph: Any, frames: Frames, inputs: Any, opts: dict[str, Any], events: Any) -> None:
     """Run the graph step by step like the in-process streaming path, one frame per vertex."""
     from lfx.graph.graph.constants import Finish
@@ -417,6 +436,7 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
     if session_id:
         graph.session_id = session_id
     _apply_state(graph, runtime.get("vertices") or {})
+    _set_start(graph, spec.get("start_component_id"))
     events = _relay_event_manager(frames, spec["events"]) if spec.get("events") is not None else None
     frames.emit("graph", vertices=len(graph.vertices))
     outputs = [str(o) for o in (opts.get("outputs") or [])]

@@ -251,3 +251,118 @@ async def test_a_component_that_raises(executor_env: Any, memory: HostMemory) ->
     with pytest.raises(SandboxExecutionError, match="parity-boom on x") as ours:
         await run_flow(CreateOSExecutor(), middle(Raiser, "boom"), memory, "s-err", inputs)
     assert str(in_process.value).split(":")[0] in str(ours.value)  # "Error running graph"
+
+
+# --- Loop: the streaming path (async_start), where lfx emits end_vertex per vertex ---------
+
+
+def _feed_back(loop: Any, body_end: Any, output: str) -> None:
+    """The body's end feeds the Loop's `item` input: an edge in the shape the canvas saves.
+    (`loop.set(item=...)` is refused by the handle's declared types outside the canvas.)"""
+    loop._edges.append(
+        {
+            "source": body_end.get_id(),
+            "target": loop.get_id(),
+            "data": {
+                "sourceHandle": {
+                    "dataType": type(body_end).__name__,
+                    "id": body_end.get_id(),
+                    "name": output,
+                    "output_types": ["Message"],
+                },
+                "targetHandle": {
+                    "dataType": "LoopComponent",
+                    "id": loop.get_id(),
+                    "name": "item",
+                    "output_types": ["Data", "Message"],
+                },
+            },
+        }
+    )
+    if body_end not in loop._components:
+        loop._components.append(body_end)
+
+
+def _rows() -> Any:
+    from lfx.schema.dataframe import DataFrame
+
+    return DataFrame([Data(text=f"row {i}") for i in range(3)])
+
+
+def loop_item_only_graph() -> Any:
+    """DataFrame -> Loop.item -> ChatOutput (stores each row) -> back to Loop.item."""
+    from lfx.components.flow_controls.loop import LoopComponent
+    from lfx.components.input_output import ChatOutput
+    from lfx.graph import Graph
+
+    loop = LoopComponent(_id="loop")
+    loop.set(data=_rows())
+    body = ChatOutput(_id="ChatOutput-body")
+    body.set(input_value=loop.item_output)
+    _feed_back(loop, body, "message")
+    return Graph(loop, body, flow_id=FLOW_ID, user_id=USER_ID)
+
+
+def loop_classic_parser_graph() -> Any:
+    """DataFrame -> Loop.item -> Parser -> back to Loop.item; Loop.done -> a sink."""
+    from lfx.components.flow_controls.loop import LoopComponent
+    from lfx.components.processing.parser import ParserComponent
+    from lfx.graph import Graph
+
+    loop = LoopComponent(_id="loop")
+    loop.set(data=_rows())
+    parser = ParserComponent(_id="parser")
+    parser.set(input_data=loop.item_output, pattern="Item: {text}", mode="Parser")
+    _feed_back(loop, parser, "parsed_text")
+    sink = LoopComponent(_id="done-sink")  # takes a DataFrame as it is
+    sink.set(data=loop.done_output)
+    return Graph(loop, sink, flow_id=FLOW_ID, user_id=USER_ID)
+
+
+async def stream_flow(executor: Any, graph: Any, memory: HostMemory, session_id: str) -> Run:
+    from lfx.schema.schema import InputValueRequest
+
+    graph.session_id = session_id
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    before = len(memory.messages)
+    unit = Unit(
+        graph=graph,
+        runtime_options={
+            "initial_inputs": InputValueRequest(input_value=""),
+            "event_manager": create_default_event_manager(queue),
+        },
+    )
+    items = await drain(executor.execute(unit))
+    assert isinstance(items[-1], RunComplete)
+    events = []
+    while not queue.empty():
+        _, body, _ = queue.get_nowait()
+        event = json.loads(body)
+        build = event["data"].get("build_data") if isinstance(event["data"], dict) else None
+        events.append(f"{event['event']}:{build['id']}" if build else event["event"])
+    built = [
+        [
+            str(getattr(step.payload.vertex, "id", ""))
+            for step in items[:-1]
+            if hasattr(step.payload, "vertex")
+        ]
+    ]
+    stored = [(m.sender, m.text, str(m.session_id)) for m in memory.messages[before:]]
+    return Run(outputs=built, events=events, messages=stored)  # type: ignore[arg-type]
+
+
+async def test_loop_item_only_topology(executor_env: Any, memory: HostMemory) -> None:
+    reference = await stream_flow(InProcessExecutor(), loop_item_only_graph(), memory, "s-loop")
+    ours = await stream_flow(CreateOSExecutor(), loop_item_only_graph(), memory, "s-loop")
+    assert_same(reference, ours)
+    # one body build and one stored message per row: the body got each item, not None
+    assert reference.events.count("end_vertex:ChatOutput-body") == 3
+    texts = [text for _, text, _ in ours.messages]
+    assert len(texts) == 3 and all(f'"row {i}"' in text for i, text in enumerate(texts))
+
+
+async def test_loop_classic_topology_feeding_a_parser(executor_env: Any, memory: HostMemory) -> None:
+    reference = await stream_flow(InProcessExecutor(), loop_classic_parser_graph(), memory, "s-parse")
+    ours = await stream_flow(CreateOSExecutor(), loop_classic_parser_graph(), memory, "s-parse")
+    assert_same(reference, ours)
+    assert reference.events.count("end_vertex:parser") == 3
