@@ -25,6 +25,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError
 from langflow_sandbox_createos.executor import CreateOSExecutor
 
 from ..conftest import drain
+from ..flow_components.global_reader import GlobalReader
 from ..flow_components.raiser import Raiser
 from ..flow_components.request_reader import RequestReader
 
@@ -102,7 +103,12 @@ def _value(value: Any) -> Any:
 
 
 async def run_flow(
-    executor: Any, graph: Any, memory: HostMemory, session_id: str, inputs: list[dict[str, Any]]
+    executor: Any,
+    graph: Any,
+    memory: HostMemory,
+    session_id: str,
+    inputs: list[dict[str, Any]],
+    fallback_to_env_vars: bool = False,
 ) -> Run:
     queue: asyncio.Queue[Any] = asyncio.Queue()
     before = len(memory.messages)
@@ -114,7 +120,7 @@ async def run_flow(
             "event_manager": create_default_event_manager(queue),
             "outputs": [],
             "stream": False,
-            "fallback_to_env_vars": False,
+            "fallback_to_env_vars": fallback_to_env_vars,
             "_use_arun_legacy": True,
         },
     )
@@ -132,10 +138,12 @@ async def run_flow(
     return Run(outputs=outputs, events=events, messages=stored)
 
 
-async def both(make_graph: Any, memory: HostMemory, session_id: str, text: str = "hi") -> tuple[Run, Run]:
+async def both(
+    make_graph: Any, memory: HostMemory, session_id: str, text: str = "hi", **options: Any
+) -> tuple[Run, Run]:
     inputs = [{"input_value": text}]
-    reference = await run_flow(InProcessExecutor(), make_graph(), memory, session_id, inputs)
-    ours = await run_flow(CreateOSExecutor(), make_graph(), memory, session_id, inputs)
+    reference = await run_flow(InProcessExecutor(), make_graph(), memory, session_id, inputs, **options)
+    ours = await run_flow(CreateOSExecutor(), make_graph(), memory, session_id, inputs, **options)
     return reference, ours
 
 
@@ -242,6 +250,40 @@ async def test_request_variables_cross(executor_env: Any, memory: HostMemory) ->
     reference, ours = await both(graph, memory, "s-req", "q")
     assert_same(reference, ours)
     assert reference.outputs[0][0]["message"][1] == "q:hello-from-request"
+
+
+async def test_global_variable_with_fallback_to_env_vars(
+    executor_env: Any, memory: HostMemory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guest has no variable database: the variable reaches it only as an allowlisted
+    environment variable, and then resolves as it does in-process."""
+    monkeypatch.setenv("PARITY_GLOBAL_GREETING", "from-env")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_ENV", "PARITY_GLOBAL_GREETING")
+    reference, ours = await both(
+        lambda: middle(GlobalReader, "read"), memory, "s-var", "g", fallback_to_env_vars=True
+    )
+    assert_same(reference, ours)
+    assert reference.outputs[0][0]["message"][1] == "g:from-env"
+
+
+def router_graph() -> Any:
+    """ChatInput -> Conditional Router (equals "yes") -> False branch -> ChatOutput."""
+    from lfx.components.flow_controls.conditional_router import ConditionalRouterComponent
+    from lfx.components.input_output import ChatInput, ChatOutput
+    from lfx.graph import Graph
+
+    chat_in = ChatInput(_id="chat_input")
+    router = ConditionalRouterComponent(_id="router")
+    router.set(input_text=chat_in.message_response, match_text="yes", operator="equals")
+    on_false = ChatOutput(_id="out-false")
+    on_false.set(input_value=router.false_response)
+    return Graph(chat_in, on_false, flow_id=FLOW_ID, user_id=USER_ID)
+
+
+async def test_conditional_router(executor_env: Any, memory: HostMemory) -> None:
+    reference, ours = await both(router_graph, memory, "s-route", "no")
+    assert_same(reference, ours)
+    assert [m for m in ours.messages if m[0] == "Machine"] == [("Machine", "no", "s-route")]
 
 
 async def test_a_component_that_raises(executor_env: Any, memory: HostMemory) -> None:
