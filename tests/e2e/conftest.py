@@ -55,6 +55,7 @@ class LangflowServer:
     starter_flow_id: str | None = None
     control_plane_url: str | None = None
     start_seconds: float | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. EXECUTOR=createos
     _pump: threading.Thread | None = None
 
     @property
@@ -109,6 +110,7 @@ class LangflowServer:
             LANGFLOW_CREATE_STARTER_PROJECTS="false",  # Langflow's own ~30 starters: slow, unused
             DO_NOT_TRACK="true",
         )
+        env.update(self.extra_env)
         started = time.monotonic()
         # env --default-signal=INT: pytest may itself run with SIGINT ignored (any `cmd &` from a
         # non-interactive shell), and a bash script cannot trap a signal ignored at its start.
@@ -178,27 +180,33 @@ def _alive(pid: int) -> bool:
     return False
 
 
-@pytest.fixture(scope="session")
-def langflow_server() -> Iterator[LangflowServer]:
+def serve(tag: str = "", **extra_env: str) -> Iterator[LangflowServer]:
+    """Start `make run` (with `extra_env`), yield it, then stop it with Ctrl-C and check that
+    nothing of it survives."""
     if not (VENV_LANGFLOW / "bin" / "langflow").exists():
         pytest.fail(f"{VENV_LANGFLOW} has no langflow: run `make langflow` (make test does it)")
     run_dir = Path(tempfile.mkdtemp(prefix="lf-e2e-"))
-    server = LangflowServer(run_dir=run_dir, port=free_port())
+    server = LangflowServer(run_dir=run_dir, port=free_port(), extra_env=extra_env)
     server.start()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "langflow-start-seconds.txt").write_text(f"{server.start_seconds:.1f}\n")
+    (ARTIFACTS / f"langflow-{tag}start-seconds.txt").write_text(f"{server.start_seconds:.1f}\n")
     try:
         yield server
     finally:
         pids = {name: server._pid(name) for name in ("langflow.pid", "createos-local.pid")}
         rc = server.stop()
         output = "".join(server.output)
-        (ARTIFACTS / "make-run-output.txt").write_text(output)
+        (ARTIFACTS / f"make-run-{tag}output.txt").write_text(output)
         survivors = {name: pid for name, pid in pids.items() if pid and _alive(pid)}
         assert rc == 130, f"make run exited {rc} on Ctrl-C:\n{server.report()}"
         assert not survivors, f"still running after Ctrl-C: {survivors}"
         assert "Deleted " in output and "stopping createos-local" in output, output[-3000:]
         shutil.rmtree(run_dir, ignore_errors=True)  # kept (logs, database) when a check above failed
+
+
+@pytest.fixture(scope="session")
+def langflow_server() -> Iterator[LangflowServer]:
+    yield from serve()
 
 
 @pytest.hookimpl(hookwrapper=True)
