@@ -408,3 +408,45 @@ async def test_loop_classic_topology_feeding_a_parser(executor_env: Any, memory:
     ours = await stream_flow(CreateOSExecutor(), loop_classic_parser_graph(), memory, "s-parse")
     assert_same(reference, ours)
     assert reference.events.count("end_vertex:parser") == 3
+
+
+async def test_loop_on_the_host_sends_each_iteration_to_a_guest(
+    executor_env: Any, memory: HostMemory
+) -> None:
+    """The canvas path: the graph runs on the host, and only the Loop's per-iteration
+    subgraphs reach the coordinator, which hands each one to our executor with its item."""
+    from lfx.execution import (
+        Coordinator,
+        ExecutorRegistry,
+        reset_default_coordinator,
+        set_default_coordinator,
+    )
+
+    async def host_run(graph: Any) -> Run:
+        graph.session_id = "s-canvas"
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        before = len(memory.messages)
+        steps = [step async for step in graph.async_start(event_manager=create_default_event_manager(queue))]
+        events = []
+        while not queue.empty():
+            _, body, _ = queue.get_nowait()
+            event = json.loads(body)
+            build = event["data"].get("build_data") if isinstance(event["data"], dict) else None
+            events.append(f"{event['event']}:{build['id']}" if build else event["event"])
+        built = [[str(step.vertex.id) for step in steps if hasattr(step, "vertex")]]
+        stored = [(m.sender, m.text, str(m.session_id)) for m in memory.messages[before:]]
+        return Run(outputs=built, events=events, messages=stored)  # type: ignore[arg-type]
+
+    reference = await host_run(loop_item_only_graph())
+    registry = ExecutorRegistry()
+    registry.register(InProcessExecutor())
+    registry.register(CreateOSExecutor())
+    guests_before = {sb["id"] for sb in executor_env.sandboxes()}
+    set_default_coordinator(Coordinator(registry=registry, executor_kind="createos"))
+    try:
+        ours = await host_run(loop_item_only_graph())
+    finally:
+        reset_default_coordinator()
+    assert len({sb["id"] for sb in executor_env.sandboxes()} - guests_before) == 3  # one per row
+    assert_same(reference, ours)
+    assert len(ours.messages) == 3
