@@ -123,6 +123,28 @@ def serialize_graph(graph: Any) -> tuple[dict[str, Any], str | None, str | None]
     )
 
 
+# Components that load other flows from Langflow's database by name or id at run time.
+_FLOW_LOADERS = (
+    "RunFlowBaseComponent",
+    "class RunFlowComponent",
+    "class SubFlowComponent",
+    "class FlowToolComponent",
+)
+
+
+def flow_loaders(payload: Mapping[str, Any]) -> list[str]:
+    """Ids of nodes (Run Flow, Sub Flow, Flow as Tool) that need Langflow's flow database."""
+    found = []
+    for node in payload.get("nodes", []):
+        try:
+            code = node["data"]["node"]["template"]["code"]["value"]
+        except (KeyError, TypeError):
+            continue
+        if isinstance(code, str) and any(marker in code for marker in _FLOW_LOADERS):
+            found.append(str(node.get("id")))
+    return found
+
+
 def inline_secrets(payload: Mapping[str, Any]) -> list[str]:
     """`vertex.field` names of password fields holding an inline value (never the values)."""
     found = []
@@ -245,6 +267,14 @@ def build_spec(
 ) -> tuple[dict[str, Any], list[str]]:
     """The run spec and the names of what stayed on the host (options, unencodable fields)."""
     payload, flow_id, flow_name = serialize_graph(graph)
+    loaders = flow_loaders(payload)
+    if loaders:
+        raise SpecError(
+            f"node(s) {', '.join(loaders)} (Run Flow, Sub Flow or Flow as Tool) load other flows from "
+            "Langflow's database, which a guest does not have, so this flow cannot run in one. Run it "
+            "in-process (unset LANGFLOW_EXECUTOR_KIND). A Run Flow on the canvas still works: the "
+            "subflow it loads on the server is sent to a guest whole."
+        )
     dropped: list[str] = []
     mode = "runs"
     raw_inputs: list[Any] = list(inputs or [])

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from executor.parity.test_parity import _feed_back  # tests/ is the import root
 
-from ..executor.parity.test_parity import _feed_back
 from .conftest import LangflowServer, serve
 
 pytestmark = [pytest.mark.langflow, pytest.mark.timeout(900)]

@@ -254,3 +254,26 @@ async def test_guest_events_reach_only_registered_callbacks() -> None:
     with pytest.raises(SandboxExecutionError, match="nobody registered"):
         await replay.handle({"t": "event", "name": "__class__", "data": {}})
     assert not await replay.handle({"t": "vertex"})  # not a host-side effect: left to the executor
+
+
+def test_flows_that_load_other_flows_are_refused_by_name() -> None:
+    """Run Flow needs Langflow's flow database, which a guest lacks: refused, never silently wrong."""
+    flow = {
+        "nodes": [
+            {
+                "id": "RunFlow-abc",
+                "data": {
+                    "node": {
+                        "template": {"code": {"value": "class RunFlowComponent(RunFlowBaseComponent): ..."}}
+                    }
+                },
+            },
+            {
+                "id": "ChatOutput-1",
+                "data": {"node": {"template": {"code": {"value": "class ChatOutput(Component): ..."}}}},
+            },
+        ],
+        "edges": [],
+    }
+    with pytest.raises(SpecError, match=r"RunFlow-abc .*Langflow's database"):
+        build_spec(flow, [], {})
