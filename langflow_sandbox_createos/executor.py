@@ -3,7 +3,7 @@
 Selected with ``LANGFLOW_EXECUTOR_KIND=createos``; lfx instantiates :class:`CreateOSExecutor`
 from the ``lfx.executors`` entry point. It covers everything that goes through lfx's
 execution coordinator (``/api/v1/run`` via ``Graph.arun``, the ``lfx run`` command, Loop
-subgraphs), not the canvas playground, whose build endpoint walks vertices itself.
+subgraphs), not the vertices of a canvas build, whose endpoint walks them itself.
 
 One run: create a guest (``lf-x-...``) → one streaming exec of ``python3 -c <bootstrap>``
 whose stdin carries the guest runner (``guest/runner.py``), the run spec and a per-run frame
@@ -13,9 +13,11 @@ guest the way ``Graph._run`` does it. A failure in the guest raises from the str
 
 Runtime options understood (others are ignored): ``initial_inputs``, ``max_iterations``,
 ``config``, ``reset_output_values``, ``fallback_to_env_vars``, ``outputs``,
-``inputs_components``, ``types``. ``event_manager``, ``session_id``, ``open_flow_span`` and
-``_``-prefixed keys stay on the host (debug log). ``stream`` is accepted, but generator
-results are always drained in the guest: a live generator cannot cross to the host.
+``inputs_components``, ``types``, ``session_id`` and ``event_manager`` (its callbacks are
+relayed from the guest, see executor_host). ``open_flow_span`` and ``_``-prefixed keys stay
+on the host (debug log). ``stream`` is accepted, but generator results are always drained in
+the guest: a live generator cannot cross to the host. The graph's runtime state crosses too
+(see executor_protocol.vertex_state and docs/executor.md, "Parity").
 
 Importing this module is cheap and reads no settings.
 """
