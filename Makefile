@@ -86,8 +86,9 @@ format: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy langflow_sandbox_createos
 
+# `make run EXECUTOR=createos` also runs whole flows (/api/v1/run, lfx run) in CreateOS guests.
 run: $(STAMP) $(LANGFLOW_STAMP)
-	VENV=$(VENV) VENV_LANGFLOW=$(VENV_LANGFLOW) scripts/run-langflow.sh
+	VENV=$(VENV) VENV_LANGFLOW=$(VENV_LANGFLOW) EXECUTOR=$(EXECUTOR) scripts/run-langflow.sh
 
 # What a user installs: dist/ gets the sdist and the manylinux wheel (the recommended
 # artifact: it bundles libcurl, jansson and their dependencies), the two files a release

@@ -3,7 +3,7 @@
 Selected with ``LANGFLOW_EXECUTOR_KIND=createos``; lfx instantiates :class:`CreateOSExecutor`
 from the ``lfx.executors`` entry point. It covers everything that goes through lfx's
 execution coordinator (``/api/v1/run`` via ``Graph.arun``, the ``lfx run`` command, Loop
-subgraphs), not the canvas playground, whose build endpoint walks vertices itself.
+subgraphs), not the vertices of a canvas build, whose endpoint walks them itself.
 
 One run: create a guest (``lf-x-...``) → one streaming exec of ``python3 -c <bootstrap>``
 whose stdin carries the guest runner (``guest/runner.py``), the run spec and a per-run frame
@@ -13,9 +13,11 @@ guest the way ``Graph._run`` does it. A failure in the guest raises from the str
 
 Runtime options understood (others are ignored): ``initial_inputs``, ``max_iterations``,
 ``config``, ``reset_output_values``, ``fallback_to_env_vars``, ``outputs``,
-``inputs_components``, ``types``. ``event_manager``, ``session_id``, ``open_flow_span`` and
-``_``-prefixed keys stay on the host (debug log). ``stream`` is accepted, but generator
-results are always drained in the guest: a live generator cannot cross to the host.
+``inputs_components``, ``types``, ``session_id`` and ``event_manager`` (its callbacks are
+relayed from the guest, see executor_host). ``open_flow_span`` and ``_``-prefixed keys stay
+on the host (debug log). ``stream`` is accepted, but generator results are always drained in
+the guest: a live generator cannot cross to the host. The graph's runtime state crosses too
+(see executor_protocol.vertex_state and docs/executor.md, "Parity").
 
 Importing this module is cheap and reads no settings.
 """
@@ -34,6 +36,7 @@ from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos import runtime, settings
+from langflow_sandbox_createos.executor_host import HostReplay, memory_seed
 from langflow_sandbox_createos.executor_protocol import (
     BOOTSTRAP,
     FrameReader,
@@ -42,6 +45,7 @@ from langflow_sandbox_createos.executor_protocol import (
     build_spec,
     decode_outputs,
     decode_vertex,
+    encode_runtime,
     inline_secrets,
     new_token,
     runner_source,
@@ -296,12 +300,13 @@ class _Run:
 
     async def stage(self) -> str:
         """The exec's stdin; a large spec is uploaded first and only its path travels on stdin."""
-        document: dict[str, Any] = {"runner": runner_source(), "token": self.token, "spec": self.spec}
+        spec = {**self.spec, "runtime": encode_runtime(self.spec["runtime"])}
+        document: dict[str, Any] = {"runner": runner_source(), "token": self.token, "spec": spec}
         stdin = json.dumps(document, separators=(",", ":"), default=str)
         if len(stdin) <= STDIN_SPEC_MAX_BYTES:
             return stdin
         path = f"{SPEC_DIR}/{runtime.random_name('s')}.json"
-        data = json.dumps(self.spec, separators=(",", ":"), default=str).encode()
+        data = json.dumps(spec, separators=(",", ":"), default=str).encode()
         native = runtime._native()
         try:
             await asyncio.to_thread(self.client.upload, self.sandbox_id, path, data)
@@ -399,12 +404,15 @@ class CreateOSExecutor(Executor):
     async def execute(self, unit: Unit) -> AsyncIterator[StepResult | RunComplete]:
         from lfx.graph.graph.constants import Finish
 
+        options = dict(unit.runtime_options or {})
         try:
-            spec, dropped = build_spec(unit.graph, list(unit.inputs or []), dict(unit.runtime_options or {}))
+            spec, dropped = build_spec(unit.graph, list(unit.inputs or []), options)
         except SpecError as exc:
             raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
         if dropped:
-            logger.debug("CreateOS executor: options that stay on the host: %s", ", ".join(sorted(dropped)))
+            logger.debug("CreateOS executor: what stays on the host: %s", ", ".join(sorted(dropped)))
+        replay = HostReplay(options.get("event_manager"), unit.graph, spec)
+        spec["runtime"]["memory"] = await memory_seed(unit.graph, spec)
         secrets_inline = inline_secrets(spec["graph"])
         if secrets_inline:
             logger.info(
@@ -437,6 +445,8 @@ class CreateOSExecutor(Executor):
                     break
                 frame: Mapping[str, Any] = item
                 frame_type = frame["t"]
+                if await replay.handle(frame):
+                    continue
                 if frame_type == "vertex":
                     try:
                         event = decode_vertex(frame)

@@ -8,10 +8,12 @@ mac = HMAC-SHA256(secret, "<seq> <json>")[:32 hex].
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
 import logging
+import pickle
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ MAC_HEX = 32
 TAIL_CHARS = 4000
 
 # Runtime options the guest understands, and the ones that cannot leave this process.
+# `session_id` crosses too, but as a top-level spec field; `event_manager` crosses as the
+# names of its registered events (the guest relays each event back, see RELAYED_FRAMES).
 FORWARDED_OPTIONS = (
     "max_iterations",
     "config",
@@ -36,7 +40,11 @@ FORWARDED_OPTIONS = (
     "types",
     "stream",
 )
-HOST_ONLY_OPTIONS = frozenset({"event_manager", "session_id", "open_flow_span"})
+HOST_ONLY_OPTIONS = frozenset({"open_flow_span"})
+# Fields of a vertex that never need to cross: the guest already has them from the flow JSON.
+STATE_SKIPPED_FIELDS = frozenset({"code", "_type"})
+# Values of these kinds stand for edges or live objects of the host's graph; the guest has its own.
+_GRAPH_CLASS_NAMES = frozenset({"Vertex", "Component", "CustomComponent", "BaseComponent", "Graph"})
 
 # The bootstrap reads one JSON document from stdin: {"runner": source, "token": hex, "spec": {...}}.
 BOOTSTRAP = (
@@ -115,6 +123,28 @@ def serialize_graph(graph: Any) -> tuple[dict[str, Any], str | None, str | None]
     )
 
 
+# Components that load other flows from Langflow's database by name or id at run time.
+_FLOW_LOADERS = (
+    "RunFlowBaseComponent",
+    "class RunFlowComponent",
+    "class SubFlowComponent",
+    "class FlowToolComponent",
+)
+
+
+def flow_loaders(payload: Mapping[str, Any]) -> list[str]:
+    """Ids of nodes (Run Flow, Sub Flow, Flow as Tool) that need Langflow's flow database."""
+    found = []
+    for node in payload.get("nodes", []):
+        try:
+            code = node["data"]["node"]["template"]["code"]["value"]
+        except (KeyError, TypeError):
+            continue
+        if isinstance(code, str) and any(marker in code for marker in _FLOW_LOADERS):
+            found.append(str(node.get("id")))
+    return found
+
+
 def inline_secrets(payload: Mapping[str, Any]) -> list[str]:
     """`vertex.field` names of password fields holding an inline value (never the values)."""
     found = []
@@ -137,11 +167,114 @@ def inline_secrets(payload: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def _refers_to_graph(value: Any) -> bool:
+    """A vertex, a component or a bound output method: an edge the guest rebuilds itself."""
+    if isinstance(value, (list, tuple, set)):
+        return any(_refers_to_graph(item) for item in value)
+    if isinstance(value, dict):
+        return any(_refers_to_graph(item) for item in value.values())
+    if callable(value) and not isinstance(value, type):
+        return True
+    return any(cls.__name__ in _GRAPH_CLASS_NAMES for cls in type(value).__mro__)
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # anything a value's __reduce__ may raise
+        return False
+    return True
+
+
+def vertex_state(graph: Any) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The runtime state of every vertex of a live Graph that the flow JSON does not carry:
+    values set on live components (handle fields included) and the vertex's raw params,
+    among them values injected with `update_raw_params` (Loop items, chat inputs).
+
+    Returns ({vertex_id: {field: value}}, ["vertex.field" that could not be encoded]).
+    The guest applies only the fields whose value differs from what it rebuilt itself."""
+    state: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    for vertex in getattr(graph, "vertices", None) or []:
+        component = getattr(vertex, "custom_component", None)
+        live = getattr(component, "_parameters", None)
+        candidates: dict[str, Any] = dict(live) if isinstance(live, Mapping) else {}
+        raw = getattr(vertex, "raw_params", None)
+        if isinstance(raw, Mapping):
+            candidates.update(raw)  # the vertex's params win, as they do when it builds
+        values: dict[str, Any] = {}
+        for name, value in candidates.items():
+            if not isinstance(name, str) or name in STATE_SKIPPED_FIELDS or _refers_to_graph(value):
+                continue
+            if _picklable(value):
+                values[name] = value
+            else:
+                skipped.append(f"{vertex.id}.{name}")
+        if values:
+            state[str(vertex.id)] = values
+    return state, skipped
+
+
+def graph_context(graph: Any) -> tuple[dict[str, Any], list[str]]:
+    """`graph.context` (request variables among it), minus entries that cannot be encoded."""
+    context = getattr(graph, "_context", None)
+    if not isinstance(context, Mapping):
+        return {}, []
+    kept: dict[str, Any] = {}
+    skipped: list[str] = []
+    for key, value in context.items():
+        if _picklable(value):
+            kept[str(key)] = value
+        else:
+            skipped.append(str(key))
+    return kept, skipped
+
+
+def encode_runtime(runtime: Mapping[str, Any]) -> str:
+    """Host to guest only: the host trusts itself, so rich values travel pickled. Nothing
+    the guest sends is ever unpickled (see FrameReader and the decoders below)."""
+    return base64.b64encode(pickle.dumps(dict(runtime), protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+
+
+def event_names(event_manager: Any) -> list[str]:
+    """The `on_*` callbacks the caller's event manager registered, which the guest relays."""
+    events = getattr(event_manager, "events", None)
+    if not isinstance(events, Mapping):
+        return []
+    return sorted(name for name in events if isinstance(name, str) and name.startswith("on_"))
+
+
+def _identity(graph: Any, runtime_options: Mapping[str, Any], flow_id: Any, flow_name: Any) -> dict[str, Any]:
+    session_id = runtime_options.get("session_id") or getattr(graph, "session_id", None) or None
+    user_id = getattr(graph, "user_id", None)
+    return {
+        "session_id": str(session_id) if session_id else None,
+        "user_id": str(user_id) if user_id else None,
+        "flow_id": flow_id,
+        "flow_name": flow_name,
+    }
+
+
+def _start_id(graph: Any) -> str | None:
+    """The component a Graph(start, end) begins with (flow JSON does not record it)."""
+    start = getattr(graph, "_start", None)
+    get_id = getattr(start, "get_id", None)
+    return str(get_id()) if callable(get_id) else None
+
+
 def build_spec(
     graph: Any, inputs: list[Any], runtime_options: Mapping[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
-    """The JSON run spec and the names of the options that were dropped."""
+    """The run spec and the names of what stayed on the host (options, unencodable fields)."""
     payload, flow_id, flow_name = serialize_graph(graph)
+    loaders = flow_loaders(payload)
+    if loaders:
+        raise SpecError(
+            f"node(s) {', '.join(loaders)} (Run Flow, Sub Flow or Flow as Tool) load other flows from "
+            "Langflow's database, which a guest does not have, so this flow cannot run in one. Run it "
+            "in-process (unset LANGFLOW_EXECUTOR_KIND). A Run Flow on the canvas still works: the "
+            "subflow it loads on the server is sent to a guest whole."
+        )
     dropped: list[str] = []
     mode = "runs"
     raw_inputs: list[Any] = list(inputs or [])
@@ -163,7 +296,7 @@ def build_spec(
 
     options: dict[str, Any] = {}
     for key, value in runtime_options.items():
-        if key == "initial_inputs":
+        if key in ("initial_inputs", "session_id", "event_manager"):
             continue
         if key.startswith("_") or key in HOST_ONLY_OPTIONS:
             dropped.append(key)
@@ -174,13 +307,21 @@ def build_spec(
             dropped.append(key)
             continue
         options[key] = value
+    state, skipped_fields = vertex_state(graph)
+    context, skipped_context = graph_context(graph)
+    dropped += [f"field {name}" for name in skipped_fields]
+    dropped += [f"context {name}" for name in skipped_context]
+    event_manager = runtime_options.get("event_manager")
     spec = {
         "graph": payload,
-        "flow_id": flow_id,
-        "flow_name": flow_name,
+        **_identity(graph, runtime_options, flow_id, flow_name),
         "mode": mode,
         "inputs": spec_inputs,
         "options": options,
+        "events": event_names(event_manager) if event_manager is not None else None,
+        "start_component_id": _start_id(graph),
+        # rich values: encoded with encode_runtime when the spec is staged
+        "runtime": {"vertices": state, "context": context},
     }
     return spec, dropped
 

@@ -15,7 +15,8 @@
 #
 # Knobs (environment): LANGFLOW_HOST (127.0.0.1), LANGFLOW_PORT (7860), CREATEOS_LOCAL_PORT
 # (8787; a free port is used if it is taken), LANGFLOW_START_TIMEOUT (300 s), RUN_DIR (.run),
-# VENV (.venv), VENV_LANGFLOW (.venv-langflow), SKIP_INSTALL=1 (do not run make).
+# VENV (.venv), VENV_LANGFLOW (.venv-langflow), SKIP_INSTALL=1 (do not run make),
+# EXECUTOR=createos (whole flows run in CreateOS guests: LANGFLOW_EXECUTOR_KIND=createos).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -126,6 +127,13 @@ elif [ "${LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS:-false}" != true ] 
   say "  are refused (egress off still leaves 169.254.0.0/16 reachable on CreateOS). Read docs/network-rules.md,"
   say "  then export LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true if that is acceptable."
 fi
+case "${EXECUTOR:-}" in
+  "" | in-process) ;;
+  createos)
+    export LANGFLOW_EXECUTOR_KIND=createos
+    say "whole-flow executor: createos (/api/v1/run and lfx run execute each flow in a CreateOS guest)" ;;
+  *) echo "EXECUTOR must be createos or in-process, not '$EXECUTOR'" >&2; exit 2 ;;
+esac
 export LANGFLOW_AUTO_LOGIN=${LANGFLOW_AUTO_LOGIN:-true}
 export LANGFLOW_CONFIG_DIR=${LANGFLOW_CONFIG_DIR:-$RUN_DIR/langflow}
 export LANGFLOW_DATABASE_URL=${LANGFLOW_DATABASE_URL:-sqlite:///$RUN_DIR/langflow/langflow.db}

@@ -21,10 +21,12 @@ Only the standard library is used until lfx has been found (or installed).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
 import os
+import pickle
 import sys
 import threading
 import time
@@ -223,7 +225,163 @@ def _vertex_event(build: Any) -> dict[str, Any]:
     return event
 
 
-async def _drive(graph: Any, frames: Frames, inputs: Any, opts: dict[str, Any]) -> None:
+def _jsonable(data: Any) -> Any:
+    """What lfx's EventManager.send_event would put on the wire for `data`."""
+    try:
+        from fastapi.encoders import jsonable_encoder
+
+        return json.loads(json.dumps(jsonable_encoder(data)))
+    except Exception:
+        from lfx.serialization.serialization import serialize
+
+        return json.loads(json.dumps(serialize(data, to_str=True), default=_json_default))
+
+
+def _relay_event_manager(frames: Frames, names: list[str]) -> Any:
+    """An lfx EventManager whose every registered callback becomes an `event` frame, so the
+    host replays it into the caller's own event manager in the order the flow emitted it."""
+    from lfx.events.event_manager import EventManager
+
+    class Relay(EventManager):
+        def send_event(self, *, event_type: str, data: Any) -> None:
+            frames.emit("event", name=event_type, data=_jsonable(data))
+
+    relay = Relay(None)
+    for name in names:
+        relay.register_event(name, name)  # the event type carries the callback's name back
+    return relay
+
+
+class _Memory:
+    """Chat memory inside the guest: the host's messages for this session (seeded from the
+    spec) plus the ones this run stores. Each store/update/delete is also sent to the host
+    as a frame, and the host performs it on its own memory (Langflow's database)."""
+
+    def __init__(self, frames: Frames, seed: list[Any]) -> None:
+        from lfx.memory import stubs
+
+        self.frames = frames
+        self.stubs = stubs
+        self.messages: list[Any] = list(seed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stubs, name)
+
+    async def astore_message(
+        self, message: Any, flow_id: Any = None, run_id: Any = None, user_id: Any = None
+    ):
+        stored = await self.stubs.astore_message(message, flow_id=flow_id, run_id=run_id, user_id=user_id)
+        from lfx.memory.flow_context import should_persist_messages
+
+        if should_persist_messages():
+            for item in stored:
+                self.messages.append(item)
+                self.frames.emit("store", message=_jsonable(item.model_dump()))
+        return stored
+
+    async def aupdate_messages(self, messages: Any) -> list[Any]:
+        items = messages if isinstance(messages, list) else [messages]
+        for item in items:
+            for index, known in enumerate(self.messages):
+                if str(known.id) == str(item.id):
+                    self.messages[index] = item
+            self.frames.emit("update", message=_jsonable(item.model_dump()))
+        return items
+
+    async def delete_message(self, id_: str) -> None:
+        self.messages = [m for m in self.messages if str(m.id) != str(id_)]
+        self.frames.emit("delete", id=str(id_))
+
+    async def aget_messages(
+        self,
+        sender: Any = None,
+        sender_name: Any = None,
+        session_id: Any = None,
+        context_id: Any = None,
+        order_by: Any = "timestamp",
+        order: Any = "DESC",
+        flow_id: Any = None,
+        limit: Any = None,
+        user_id: Any = None,  # the host seeded only this user's messages
+    ) -> list[Any]:
+        def keep(m: Any) -> bool:
+            return (
+                (sender is None or m.sender == sender)
+                and (sender_name is None or m.sender_name == sender_name)
+                and (session_id is None or str(m.session_id) == str(session_id))
+                and (context_id is None or str(getattr(m, "context_id", None)) == str(context_id))
+                and (flow_id is None or str(m.flow_id) == str(flow_id))
+            )
+
+        found = [m for m in self.messages if keep(m)]
+        found.sort(key=lambda m: str(getattr(m, order_by or "timestamp", "") or ""), reverse=order == "DESC")
+        if limit:
+            found = found[: int(limit)]
+        return found
+
+
+def _install_memory(frames: Frames, seed: list[Any]) -> None:
+    import lfx.memory
+
+    memory = _Memory(frames, seed)
+    lfx.memory._impl = lambda: memory  # every lfx.memory function dispatches through _impl()
+
+
+def _apply_state(graph: Any, vertices: dict[str, dict[str, Any]]) -> None:
+    """Give each rebuilt vertex the runtime values the host's vertex holds, where the flow
+    JSON did not already give it the same value (handle fields, live-component values,
+    values injected with update_raw_params such as a Loop's item)."""
+    from lfx.graph.vertex.base import Vertex
+
+    def edge(value: Any) -> bool:
+        if isinstance(value, Vertex):
+            return True
+        if isinstance(value, list | tuple):
+            return any(isinstance(item, Vertex) for item in value)
+        if isinstance(value, dict):
+            return any(isinstance(item, Vertex) for item in value.values())
+        return False
+
+    missing = object()
+    for vertex in graph.vertices:
+        values = vertices.get(vertex.id)
+        if not values:
+            continue
+        changed = {}
+        for name, value in values.items():
+            current = vertex.raw_params.get(name, missing)
+            if edge(current):
+                continue
+            try:
+                same = type(current) is type(value) and bool(current == value)
+            except Exception:  # e.g. a DataFrame compares element-wise
+                same = False
+            if not same:
+                changed[name] = value
+        if changed:
+            vertex.update_raw_params(changed, overwrite=True)
+
+
+class _Start:
+    """Stands in for the start component a Graph(start, end) was built with: lfx reads only
+    its id (where the run begins, and the entry point of cycle detection)."""
+
+    def __init__(self, vertex_id: str) -> None:
+        self._id = vertex_id
+
+    def get_id(self) -> str:
+        return self._id
+
+
+def _set_start(graph: Any, start_id: Any) -> None:
+    if not isinstance(start_id, str) or graph.get_vertex(start_id) is None:
+        return
+    graph._start = _Start(start_id)
+    graph._cycles = None  # computed from the start vertex
+    graph._cycle_vertices = None
+
+
+async def _drive(graph: Any, frames: Frames, inputs: Any, opts: dict[str, Any], events: Any) -> None:
     """Run the graph step by step like the in-process streaming path, one frame per vertex."""
     from lfx.graph.graph.constants import Finish
 
@@ -231,6 +389,7 @@ async def _drive(graph: Any, frames: Frames, inputs: Any, opts: dict[str, Any]) 
         inputs=inputs,
         max_iterations=opts.get("max_iterations"),
         config=opts.get("config"),
+        event_manager=events,
         reset_output_values=opts.get("reset_output_values", True),
         fallback_to_env_vars=bool(opts.get("fallback_to_env_vars", False)),
     )
@@ -263,25 +422,39 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
     from lfx.graph import Graph
 
     opts = spec.get("options") or {}
-    graph = Graph.from_payload(spec["graph"], flow_id=spec.get("flow_id"), flow_name=spec.get("flow_name"))
+    runtime = pickle.loads(base64.b64decode(spec["runtime"])) if spec.get("runtime") else {}
+    _install_memory(frames, runtime.get("memory") or [])
+    graph = Graph.from_payload(
+        spec["graph"],
+        flow_id=spec.get("flow_id"),
+        flow_name=spec.get("flow_name"),
+        user_id=spec.get("user_id"),
+    )
+    if runtime.get("context"):
+        graph.context = dict(runtime["context"])
+    session_id = spec.get("session_id")
+    if session_id:
+        graph.session_id = session_id
+    _apply_state(graph, runtime.get("vertices") or {})
+    _set_start(graph, spec.get("start_component_id"))
+    events = _relay_event_manager(frames, spec["events"]) if spec.get("events") is not None else None
     frames.emit("graph", vertices=len(graph.vertices))
     outputs = [str(o) for o in (opts.get("outputs") or [])]
     runs: list[dict[str, Any]] = []
 
-    if spec.get("mode") == "runs":  # Graph.arun / _arun_legacy semantics: one pass per input dict
-        inputs = spec.get("inputs") or [{}]
-        components = list(opts.get("inputs_components") or [])
-        components += [[] for _ in range(len(inputs) - len(components))]
-        types = list(opts.get("types") or [])
-        types += ["chat" for _ in range(len(inputs) - len(types))]
-        for run_inputs, run_components, input_type in zip(inputs, components, types, strict=False):
-            if not isinstance(run_inputs.get("input_value", ""), str):
-                raise TypeError(f"Invalid input value: {run_inputs.get('input_value')}. Expected string")
-            if run_inputs:
-                graph._set_inputs(run_components or [], run_inputs, input_type)
-            await _drive(graph, frames, None, opts)
-            results = await _harvest(graph, outputs)
-            runs.append({"inputs": run_inputs, "outputs": [_encode_result(r) for r in results]})
+    if spec.get("mode") == "runs":  # Graph.arun: exactly what the in-process legacy path calls
+        done = await graph._arun_legacy(
+            inputs=spec.get("inputs") or [],
+            inputs_components=opts.get("inputs_components"),
+            types=opts.get("types"),
+            outputs=outputs,
+            session_id=session_id,
+            stream=False,  # a live generator cannot cross to the host: results are drained here
+            fallback_to_env_vars=bool(opts.get("fallback_to_env_vars", False)),
+            event_manager=events,
+        )
+        for run in done:
+            runs.append({"inputs": run.inputs, "outputs": [_encode_result(r) for r in run.outputs]})
     else:  # the streaming path: async_start(initial_inputs)
         initial = (spec.get("inputs") or [None])[0]
         request = None
@@ -292,7 +465,7 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
                 request = InputValueRequest.model_validate(initial)
             except Exception:  # the in-process path ignores inputs it cannot read, so do we
                 request = None
-        await _drive(graph, frames, request, opts)
+        await _drive(graph, frames, request, opts, events)
         results = await _harvest(graph, outputs)
         runs.append({"inputs": initial or {}, "outputs": [_encode_result(r) for r in results]})
 

@@ -71,6 +71,7 @@ class LangflowServer:
     reuse_idle_seconds: int = 2  # the server's CREATEOS_SANDBOX_REUSE_IDLE_SECONDS
     username: str = SUPERUSER
     password: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. EXECUTOR=createos
     _pump: threading.Thread | None = None
 
     @property
@@ -156,6 +157,7 @@ class LangflowServer:
             # Reused guests paused for more than 2 s are deleted (test_policy.py watches it).
             CREATEOS_SANDBOX_REUSE_IDLE_SECONDS=str(self.reuse_idle_seconds),
         )
+        env.update(self.extra_env)
         started = time.monotonic()
         # env --default-signal=INT: pytest may itself run with SIGINT ignored (any `cmd &` from a
         # non-interactive shell), and a bash script cannot trap a signal ignored at its start.
@@ -225,27 +227,33 @@ def _alive(pid: int) -> bool:
     return False
 
 
-@pytest.fixture(scope="session")
-def langflow_server() -> Iterator[LangflowServer]:
+def serve(tag: str = "", **extra_env: str) -> Iterator[LangflowServer]:
+    """Start `make run` (with `extra_env`), yield it, then stop it with Ctrl-C and check that
+    nothing of it survives."""
     if not (VENV_LANGFLOW / "bin" / "langflow").exists():
         pytest.fail(f"{VENV_LANGFLOW} has no langflow: run `make langflow` (make test does it)")
     run_dir = Path(tempfile.mkdtemp(prefix="lf-e2e-"))
-    server = LangflowServer(run_dir=run_dir, port=free_port())
+    server = LangflowServer(run_dir=run_dir, port=free_port(), extra_env=extra_env)
     server.start()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "langflow-start-seconds.txt").write_text(f"{server.start_seconds:.1f}\n")
+    (ARTIFACTS / f"langflow-{tag}start-seconds.txt").write_text(f"{server.start_seconds:.1f}\n")
     try:
         yield server
     finally:
         pids = {name: server._pid(name) for name in ("langflow.pid", "createos-local.pid")}
         rc = server.stop()
         output = "".join(server.output)
-        (ARTIFACTS / "make-run-output.txt").write_text(output)
+        (ARTIFACTS / f"make-run-{tag}output.txt").write_text(output)
         survivors = {name: pid for name, pid in pids.items() if pid and _alive(pid)}
         assert rc == 130, f"make run exited {rc} on Ctrl-C:\n{server.report()}"
         assert not survivors, f"still running after Ctrl-C: {survivors}"
         assert "Deleted " in output and "stopping createos-local" in output, output[-3000:]
         shutil.rmtree(run_dir, ignore_errors=True)  # kept (logs, database) when a check above failed
+
+
+@pytest.fixture(scope="session")
+def langflow_server() -> Iterator[LangflowServer]:
+    yield from serve()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -18,6 +18,10 @@ from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 
+# The guest image every executor test runs on: the ONE place to change it. A rootfs with lfx
+# installed: createos-local's langflow-lfx template (devbox:1 is a plain image without lfx).
+EXECUTOR_ROOTFS = TEMPLATE_NAME
+
 EXECUTOR_VARS = (
     "CREATEOS_API_KEY",
     "CREATEOS_SANDBOX_ROOTFS",
@@ -40,6 +44,7 @@ def executor_env(cp: Any, createos_env: Any, monkeypatch: pytest.MonkeyPatch) ->
     for name in EXECUTOR_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "180")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_ROOTFS", EXECUTOR_ROOTFS)
     executor_module.guest_knowledge.clear()
     return cp
 
@@ -129,7 +134,7 @@ def child_env(cp: Any, tmp_path: Path, **extra: str) -> dict[str, str]:
         CREATEOS_SANDBOX_API_KEY=cp.api_key,
         CREATEOS_SANDBOX_BASE_URL=cp.url,
         CREATEOS_EXECUTOR_TIMEOUT_SECONDS="180",
-        CREATEOS_EXECUTOR_ROOTFS=TEMPLATE_NAME,
+        CREATEOS_EXECUTOR_ROOTFS=EXECUTOR_ROOTFS,
         LANGFLOW_DO_NOT_TRACK="true",
     )
     env.update(extra)

@@ -90,8 +90,12 @@ def test_options_forwarded_dropped_and_ignored() -> None:
         "fallback_to_env_vars": True,
         "outputs": ["x"],
     }
-    assert sorted(dropped) == ["_use_arun_legacy", "event_manager", "open_flow_span", "session_id", "types"]
-    json.dumps(spec)
+    assert sorted(dropped) == ["_use_arun_legacy", "open_flow_span", "types"]
+    # session_id crosses (the in-process legacy path honours it); the event manager crosses
+    # as the names of its callbacks, which the guest relays back to it
+    assert spec["session_id"] == "s"
+    assert spec["events"] == []
+    json.dumps({k: v for k, v in spec.items() if k != "runtime"})
 
 
 def test_graph_forms() -> None:
@@ -235,3 +239,74 @@ def test_an_endless_line_is_passed_on_as_plain_output_at_the_cap() -> None:
     assert [len(p) for p in plain] == [1100, 1100] and reader.rejected == 2
     reader.feed("\n" + encode_frame(key, 0, "done"))
     assert plain[-1] == "x" * 800 and frames == [{"t": "done"}]
+
+
+def test_runtime_state_of_a_live_graph_crosses() -> None:
+    """What Graph.from_payload alone loses: live-component values (a handle field here),
+    graph.context, the session and the start component."""
+    import pickle
+
+    from lfx.components.input_output import ChatInput, ChatOutput
+    from lfx.graph import Graph
+
+    from langflow_sandbox_createos.executor_protocol import encode_runtime
+
+    chat_in = ChatInput(_id="chat_input")
+    chat_out = ChatOutput(input_value="test", _id="chat_output")
+    chat_out.set(sender_name=chat_in.message_response)
+    graph = Graph(chat_in, chat_out, user_id="u-1")
+    graph.context = {"request_variables": {"GREETING": "hello"}}
+    spec, dropped = build_spec(graph, [], {"session_id": "s-42"})
+    vertices = spec["runtime"]["vertices"]
+    assert vertices["chat_output"]["input_value"] == "test"
+    assert "sender_name" not in vertices["chat_output"]  # an edge: the guest wires it itself
+    assert spec["runtime"]["context"] == {"request_variables": {"GREETING": "hello"}}
+    assert (spec["session_id"], spec["user_id"], spec["start_component_id"]) == ("s-42", "u-1", "chat_input")
+    assert dropped == []
+    import base64
+
+    decoded = pickle.loads(base64.b64decode(encode_runtime(spec["runtime"])))
+    assert decoded["vertices"]["chat_output"]["input_value"] == "test"
+
+
+@pytest.mark.anyio
+async def test_guest_events_reach_only_registered_callbacks() -> None:
+    from lfx.events.event_manager import create_default_event_manager
+    from lfx.utils.sandbox.base import SandboxExecutionError
+
+    from langflow_sandbox_createos.executor_host import HostReplay
+    from langflow_sandbox_createos.executor_protocol import event_names
+
+    seen: list[Any] = []
+    manager = create_default_event_manager(None)
+    manager.events["on_end_vertex"] = lambda *, data: seen.append(data)
+    spec = {"events": event_names(manager), "flow_id": None}
+    replay = HostReplay(manager, None, spec)
+    assert await replay.handle({"t": "event", "name": "on_end_vertex", "data": {"build_data": {"id": "x"}}})
+    assert seen == [{"build_data": {"id": "x"}}]
+    with pytest.raises(SandboxExecutionError, match="nobody registered"):
+        await replay.handle({"t": "event", "name": "__class__", "data": {}})
+    assert not await replay.handle({"t": "vertex"})  # not a host-side effect: left to the executor
+
+
+def test_flows_that_load_other_flows_are_refused_by_name() -> None:
+    """Run Flow needs Langflow's flow database, which a guest lacks: refused, never silently wrong."""
+    flow = {
+        "nodes": [
+            {
+                "id": "RunFlow-abc",
+                "data": {
+                    "node": {
+                        "template": {"code": {"value": "class RunFlowComponent(RunFlowBaseComponent): ..."}}
+                    }
+                },
+            },
+            {
+                "id": "ChatOutput-1",
+                "data": {"node": {"template": {"code": {"value": "class ChatOutput(Component): ..."}}}},
+            },
+        ],
+        "edges": [],
+    }
+    with pytest.raises(SpecError, match=r"RunFlow-abc .*Langflow's database"):
+        build_spec(flow, [], {})

@@ -1,0 +1,152 @@
+"""What the host does with a run's guest-side effects, so the caller sees an in-process run:
+lfx events replayed into the caller's event manager, chat messages stored in the host's
+memory (Langflow's database when it is there), and the session's history handed to the guest.
+
+Everything here reads authenticated JSON frames only. Messages are rebuilt with pydantic
+validation, never unpickled; the owner and flow of a stored message are the host graph's,
+whatever the guest says, so a guest cannot write into another user's or flow's history.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from lfx.utils.sandbox.base import SandboxExecutionError
+
+logger = logging.getLogger("langflow_sandbox_createos.executor")
+
+# How many of the session's most recent messages the guest gets, for Message History.
+MEMORY_SEED_MAX = 1000
+
+
+def _owner(graph: Any) -> str | None:
+    try:
+        from lfx.memory.flow_context import resolve_message_owner_id
+
+        owner = resolve_message_owner_id(graph)
+    except Exception:  # an lfx without owner resolution: the executing user
+        owner = getattr(graph, "user_id", None)
+    return str(owner) if owner else None
+
+
+async def memory_seed(graph: Any, spec: Mapping[str, Any]) -> list[Any]:
+    """The session's stored messages (newest first, at most MEMORY_SEED_MAX), read from the
+    host's memory the way Message History reads them in-process."""
+    session_id = spec.get("session_id")
+    if not session_id or graph is None or isinstance(graph, (str, bytes, Mapping)):
+        return []
+    from lfx.memory import aget_messages
+
+    try:
+        found = await aget_messages(
+            session_id=session_id,
+            flow_id=spec.get("flow_id"),
+            user_id=_owner(graph),
+            order="DESC",
+            limit=MEMORY_SEED_MAX,
+        )
+    except Exception as exc:  # the run still works; only history-reading components see less
+        logger.warning("CreateOS executor: could not read the session's messages for the guest: %s", exc)
+        return []
+    return list(found or [])
+
+
+class HostReplay:
+    """Applies a run's `event`, `store`, `update` and `delete` frames on the host, in order."""
+
+    def __init__(self, event_manager: Any, graph: Any, spec: Mapping[str, Any]) -> None:
+        self.event_manager = event_manager
+        self.allowed = frozenset(spec.get("events") or ())
+        live = graph is not None and not isinstance(graph, (str, bytes, Mapping))
+        self.flow_id = spec.get("flow_id")
+        self.owner = _owner(graph) if live else None
+        run_id = getattr(graph, "_run_id", None) if live else None  # the property raises when unset
+        self.run_id = str(run_id) if run_id else None
+        self.ids: dict[str, str] = {}  # guest message id -> host message id
+        self.stored = 0
+
+    async def handle(self, frame: Mapping[str, Any]) -> bool:
+        """True when the frame was one of ours (and has been applied)."""
+        kind = frame.get("t")
+        try:
+            if kind == "event":
+                self._event(frame)
+            elif kind == "store":
+                await self._store(frame)
+            elif kind == "update":
+                await self._update(frame)
+            elif kind == "delete":
+                await self._delete(frame)
+            else:
+                return False
+        except SandboxExecutionError:
+            raise
+        except Exception as exc:
+            raise SandboxExecutionError(
+                f"CreateOS executor: could not apply the guest's {kind}: {exc}"
+            ) from exc
+        return True
+
+    def _map_ids(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            if isinstance(data.get("id"), str) and data["id"] in self.ids:
+                data["id"] = self.ids[data["id"]]
+            inner = data.get("data")
+            if isinstance(inner, dict) and isinstance(inner.get("id"), str) and inner["id"] in self.ids:
+                inner["id"] = self.ids[inner["id"]]
+        return data
+
+    def _event(self, frame: Mapping[str, Any]) -> None:
+        name = frame.get("name")
+        if not isinstance(name, str) or name not in self.allowed:
+            raise SandboxExecutionError(
+                f"CreateOS executor: the guest sent an event nobody registered: {name!r}"
+            )
+        events = getattr(self.event_manager, "events", None)
+        callback = (
+            events.get(name) if isinstance(events, Mapping) else getattr(self.event_manager, name, None)
+        )
+        if callable(callback):
+            callback(data=self._map_ids(frame.get("data")))
+
+    def _message(self, frame: Mapping[str, Any]) -> Any:
+        from lfx.schema.message import Message
+
+        data = frame.get("message")
+        if not isinstance(data, Mapping):
+            raise SandboxExecutionError("CreateOS executor: a message frame carries no message")
+        return Message.model_validate(dict(data))
+
+    async def _store(self, frame: Mapping[str, Any]) -> None:
+        from lfx.memory import astore_message
+
+        message = self._message(frame)
+        guest_id = str(message.id) if message.id else None
+        message.id = None  # the host's memory gives it its own id
+        message.flow_id = self.flow_id
+        if self.run_id:
+            message.run_id = self.run_id
+        stored = await astore_message(message, flow_id=self.flow_id, run_id=self.run_id, user_id=self.owner)
+        if guest_id and stored and getattr(stored[0], "id", None):
+            self.ids[guest_id] = str(stored[0].id)
+        self.stored += 1
+
+    async def _update(self, frame: Mapping[str, Any]) -> None:
+        from lfx.memory import aupdate_messages
+
+        message = self._message(frame)
+        host_id = self.ids.get(str(message.id))
+        if host_id is None:  # never stored here (the guest's own seed or an ephemeral message)
+            return
+        message.id = host_id
+        message.flow_id = self.flow_id
+        await aupdate_messages([message])
+
+    async def _delete(self, frame: Mapping[str, Any]) -> None:
+        from lfx.memory import delete_message
+
+        host_id = self.ids.pop(str(frame.get("id")), None)
+        if host_id is not None:
+            await delete_message(id_=host_id)
