@@ -19,17 +19,18 @@ import urllib.request
 from typing import Any
 
 import pytest
-from test_langflow_server import (  # tests/e2e on sys.path
+
+from langflow_sandbox_createos import clock
+from langflow_sandbox_createos._createos import Client
+from langflow_sandbox_createos.starter import LangflowClient, LangflowError
+
+from .test_langflow_server import (
     INTERPRETER,
     SANDBOX,
     create_flow,
     json_block,
     run_outputs,
 )
-
-from langflow_sandbox_createos import clock
-from langflow_sandbox_createos._createos import Client
-from langflow_sandbox_createos.starter import LangflowClient, LangflowError
 
 pytestmark = [pytest.mark.langflow, pytest.mark.timeout(600)]
 
