@@ -17,6 +17,11 @@ WHAT = {
     "S5_reuse_latency_s": "CreateOS Sandbox component in an lfx Graph, Guest Reuse on: runs 2-10 on one guest",
     "S6_first_event_s": "executor, ChatInput → Sleepy (3 s) → ChatOutput: first event yielded",
     "S6_complete_s": "the same flow: `RunComplete` yielded",
+    "S6_pool_first_event_s": "S6 with `CREATEOS_EXECUTOR_WARM_POOL=1` for ours (pool filled before each run)",
+    "S6_pool_complete_s": "the same: `RunComplete` yielded",
+    "S7_in_process_s": "ChatInput → ChatOutput through `Graph.arun`, lfx's in-process executor (both columns)",
+    "S7_pool_on_s": "the same with `LANGFLOW_EXECUTOR_KIND=createos`, ours with a warm pool of 1",
+    "S7_pool_off_s": "the same, ours without the pool",
 }
 
 

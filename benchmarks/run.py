@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -404,15 +405,85 @@ class Bench:
         for name in self.w:  # warm: imports, lfx graph machinery
             self.w[name].call("executor")
         ours, peer = interleave(trials, lambda: one("ours"), lambda: one("peer"))
-        self.record("S6_first_event_s", ours, peer, unit="s", better="lower")
+        self.record_s6("S6", ours, peer, runs)
+
+        log("S6 with CREATEOS_EXECUTOR_WARM_POOL=1 (ours; the peer has no pool)")
+        self.w["ours"].call("set_env", vars={"CREATEOS_EXECUTOR_WARM_POOL": "1"})
+        runs = {"ours": [], "peer": []}
+
+        def pooled() -> float:
+            self.w["ours"].call("arun_pool_ready")
+            return one("ours")
+
+        self.w["ours"].call("executor")  # registers the pool (this run goes cold)
+        ours, peer = interleave(trials, pooled, lambda: one("peer"))
+        self.w["ours"].call("shutdown")
+        self.w["ours"].call("set_env", vars={"CREATEOS_EXECUTOR_WARM_POOL": "0"})
+        self.record_s6("S6_pool", ours, peer, runs)
+
+    def record_s6(
+        self, prefix: str, ours: list[float], peer: list[float], runs: dict[str, list[dict[str, Any]]]
+    ) -> None:
+        self.record(f"{prefix}_first_event_s", ours, peer, unit="s", better="lower")
+        self.results[f"{prefix}_first_event_s"]["ours_first_vertex"] = summary(
+            [r["first_vertex"] for r in runs["ours"] if r.get("first_vertex") is not None] or [float("nan")]
+        )
         self.record(
-            "S6_complete_s",
+            f"{prefix}_complete_s",
             [r["complete"] for r in runs["ours"]],
             [r["complete"] for r in runs["peer"]],
             unit="s",
             better="lower",
             runs=runs,
         )
+
+    def s7(self) -> None:
+        log("S7: ChatInput -> ChatOutput through Graph.arun: in-process, ours pool on/off, peer")
+        self.settle()
+        self.faults(S1_FAULTS)
+        trials = self.n(5, 2)
+        peer_texts: set[str] = set()
+
+        def arun(name: str, kind: str, pool_ready: bool = False) -> float:
+            r = self.w[name].call("arun", kind=kind, pool_ready=pool_ready)
+            if name == "ours":
+                assert r["text"] == "hi", r
+            elif r["text"] != "hi":  # timed all the same; its answer is reported
+                peer_texts.add(repr(r["text"]))
+            return r["wall"]
+
+        ours = self.w["ours"]
+        arun("ours", "in-process")  # imports
+        in_process = [arun("ours", "in-process") for _ in range(trials)]
+        ours.call("set_env", vars={"CREATEOS_EXECUTOR_WARM_POOL": "0"})
+        arun("ours", "createos")
+        arun("peer", "createos")
+        off, peer = interleave(trials, lambda: arun("ours", "createos"), lambda: arun("peer", "createos"))
+        rss_pool0 = ours.call("rss")["rss_kib"] / 1024
+        ours.call("set_env", vars={"CREATEOS_EXECUTOR_WARM_POOL": "1"})
+        arun("ours", "createos")  # registers the pool (cold)
+        on, peer_on = interleave(
+            trials, lambda: arun("ours", "createos", pool_ready=True), lambda: arun("peer", "createos")
+        )
+        ours.call("shutdown")
+        ours.call("set_env", vars={"CREATEOS_EXECUTOR_WARM_POOL": "4"})
+        arun("ours", "createos")
+        ours.call("arun_pool_ready")
+        rss_pool4 = ours.call("rss")["rss_kib"] / 1024
+        ours.call("shutdown")
+        ours.call("set_env", vars={"CREATEOS_EXECUTOR_WARM_POOL": "0"})
+        self.record("S7_in_process_s", in_process, in_process, unit="s", better="lower")
+        self.record(
+            "S7_pool_on_s",
+            on,
+            peer_on,
+            unit="s",
+            better="lower",
+            minus_in_process=statistics.median(on) - statistics.median(in_process),
+            rss_mib={"pool0": round(rss_pool0, 1), "pool4": round(rss_pool4, 1)},
+            peer_wrong_texts=sorted(peer_texts),
+        )
+        self.record("S7_pool_off_s", off, peer, unit="s", better="lower")
 
 
 # --- verdicts --------------------------------------------------------------------------------
@@ -437,6 +508,31 @@ TARGETS: dict[str, tuple[str, str, Callable[[dict[str, Any]], bool]]] = {
         lambda r: r["ours"]["p90"] <= 1.5,
     ),
     "S6_complete_s": ("S6 executor, time to RunComplete", "(reported)", lambda r: True),
+    "S6_pool_first_event_s": (
+        "S6 executor with the pool, first event",
+        "ours' first vertex result <= 1.0 s",
+        lambda r: r["ours_first_vertex"]["median"] <= 1.0,
+    ),
+    "S6_pool_complete_s": (
+        "S6 executor with the pool, RunComplete",
+        "ours <= 3.8 s",
+        lambda r: r["ours"]["median"] <= 3.8,
+    ),
+    "S7_in_process_s": ("S7 Graph.arun in-process (reference)", "(reported)", lambda r: True),
+    "S7_pool_on_s": (
+        "S7 Graph.arun, ours with the pool",
+        "ours - in-process <= 0.5 s, ours/peer <= 0.15, RSS pool 4 - pool 0 <= 64 MiB",
+        lambda r: (
+            r["minus_in_process"] <= 0.5
+            and r["ratio"] <= 0.15
+            and r["rss_mib"]["pool4"] - r["rss_mib"]["pool0"] <= 64
+        ),
+    ),
+    "S7_pool_off_s": (
+        "S7 Graph.arun, ours without the pool",
+        "ours/peer <= 0.8",
+        lambda r: r["ratio"] <= 0.8,
+    ),
 }
 
 
@@ -484,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="few samples, 128 MiB for S4 (a smoke test)")
-    parser.add_argument("--only", default="S1,S2,S3,S4,S5,S6", help="comma-separated scenarios")
+    parser.add_argument("--only", default="S1,S2,S3,S4,S5,S6,S7", help="comma-separated scenarios")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--out", default=str(RESULTS), help="results directory")
     args = parser.parse_args(argv)
@@ -523,6 +619,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 bench.s5()
             if "S6" in only:
                 bench.s6()
+            if "S7" in only:
+                bench.s7()
             if "S4" in only:
                 bench.s4(pythons, env, scratch)
         finally:

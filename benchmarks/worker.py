@@ -307,14 +307,67 @@ def op_executor(cmd: dict[str, Any]) -> dict[str, Any]:
 
     asyncio.run(go())
     outcome["first_event"] = arrivals[0][0] if arrivals else None
+    # the first vertex's own result (ours yields a GuestStatus before it; the peer has none)
+    outcome["first_vertex"] = next(
+        (t for t, kind in arrivals if kind.endswith(("RemoteVertexResult", "VertexBuildResult"))), None
+    )
     outcome["events"] = len(arrivals)
     outcome["timeline"] = [[round(t, 3), kind] for t, kind in arrivals[:12]]
     return outcome
 
 
+def op_arun(cmd: dict[str, Any]) -> dict[str, Any]:
+    """S7: ChatInput -> ChatOutput through Graph.arun, with the executor kind `kind` chosen the
+    way Langflow chooses it (LANGFLOW_EXECUTOR_KIND, read when lfx's coordinator is built).
+    With `pool_ready`, our executor's warm pool is filled first, outside the timing."""
+    from lfx.components.input_output import ChatInput, ChatOutput
+    from lfx.execution import get_default_coordinator, reset_default_coordinator
+    from lfx.graph import Graph
+    from lfx.services.deps import get_settings_service
+
+    os.environ["LANGFLOW_EXECUTOR_KIND"] = cmd["kind"]
+    get_settings_service().settings.executor_kind = cmd["kind"]  # read when the coordinator is built
+    reset_default_coordinator()
+    assert get_default_coordinator()._executor_kind == cmd["kind"]
+    chat_in = ChatInput(_id="chat-in")
+    chat_out = ChatOutput(_id="chat-out")
+    chat_out.set(input_value=chat_in.message_response)
+    graph = Graph(chat_in, chat_out)
+    if cmd.get("pool_ready") and OURS and cmd["kind"] == "createos":
+        from langflow_sandbox_createos import executor_pool
+
+        executor_pool.pool().wait_full(240.0)
+    started = time.perf_counter()
+    runs = asyncio.run(graph.arun([{"input_value": "hi"}]))
+    wall = time.perf_counter() - started
+    message = runs[0].outputs[0].results["message"]
+    if isinstance(message, dict):  # the peer hands back plain dicts
+        text = message.get("text") or (message.get("data") or {}).get("text")
+    else:
+        text = message.text
+    return {"wall": wall, "text": text}
+
+
+def op_arun_pool_ready(_: dict[str, Any]) -> dict[str, Any]:
+    """Wait (untimed) until our executor's warm pool is full; the peer has none."""
+    if OURS:
+        from langflow_sandbox_createos import executor_pool
+
+        return {"full": executor_pool.pool().wait_full(240.0)}
+    return {"full": None}
+
+
+def op_rss(_: dict[str, Any]) -> dict[str, Any]:
+    return {"rss_kib": _status_kib("VmRSS")}
+
+
 def op_shutdown(_: dict[str, Any]) -> dict[str, Any]:
     if _backend is not None:
         _backend.shutdown()
+    if OURS:
+        from langflow_sandbox_createos import executor_pool
+
+        executor_pool.shutdown()
     return {}
 
 
@@ -327,6 +380,9 @@ OPS = {
     "big_output": op_big_output,
     "component": op_component,
     "executor": op_executor,
+    "arun": op_arun,
+    "rss": op_rss,
+    "arun_pool_ready": op_arun_pool_ready,
     "shutdown": op_shutdown,
 }
 

@@ -23,7 +23,8 @@ from langflow_sandbox_createos import clock, settings
 from langflow_sandbox_createos.settings import SettingsError
 
 # The names the plugin itself generates (22 characters: prefix + hex). The default reap
-# matches these only: not the warm pool's `lf-w-` guests (a running Langflow's pool), and
+# matches these only: not the warm pools' `lf-w-` and `lf-xw-` guests (a running Langflow's
+# pools; after a crash, reap them with `--prefix lf-xw- --include-active`), and
 # not a sandbox someone else happened to name `lf-...`.
 PLUGIN_NAME = re.compile(r"lf-[0-9a-f]{19}|lf-c-[0-9a-f]{17}|lf-x-[0-9a-f]{17}")
 # A running (or creating) guest younger than this may be a run in progress: kept by default.
@@ -488,13 +489,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="check the configuration and explain each fix")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
-    rp = sub.add_parser("reap", help="list or delete guests left behind (lf-, lf-c-, lf-x- names)")
+    rp = sub.add_parser(
+        "reap", help="list or delete guests left behind (lf-, lf-c-, lf-x- names; --prefix for others)"
+    )
     rp.add_argument("--older-than", type=parse_duration, default=None, help="only guests older than e.g. 2h")
     rp.add_argument(
         "--prefix",
         action="append",
         help="any name with this prefix (repeatable); default: the names the plugin generates "
-        "(lf-, lf-c-, lf-x- followed by hex; not the warm pool's lf-w-)",
+        "(lf-, lf-c-, lf-x- followed by hex; not the warm pools' lf-w- and lf-xw-)",
     )
     rp.add_argument(
         "--include-active",

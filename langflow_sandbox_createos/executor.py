@@ -19,6 +19,10 @@ on the host (debug log). ``stream`` is accepted, but generator results are alway
 the guest: a live generator cannot cross to the host. The graph's runtime state crosses too
 (see executor_protocol.vertex_state and docs/executor.md, "Parity").
 
+With ``CREATEOS_EXECUTOR_WARM_POOL=N`` the create, the runner's start and lfx's import happen
+ahead of need on a pooled guest (``lf-xw-...``, see executor_pool.py); the run uploads its spec
+to the waiting runner and reads the stream that guest has held open since warm-up.
+
 Importing this module is cheap and reads no settings.
 """
 
@@ -28,6 +32,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -35,7 +40,7 @@ from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import runtime, settings
+from langflow_sandbox_createos import executor_pool, runtime, settings
 from langflow_sandbox_createos.executor_host import HostReplay, memory_seed
 from langflow_sandbox_createos.executor_protocol import (
     BOOTSTRAP,
@@ -49,6 +54,7 @@ from langflow_sandbox_createos.executor_protocol import (
     inline_secrets,
     new_token,
     runner_source,
+    spec_mac,
     tail,
 )
 from langflow_sandbox_createos.settings import ExecutorSettings, SettingsError
@@ -66,6 +72,8 @@ EXEC_GRACE_SECONDS = 30.0
 # instead of travelling on stdin, whose size limit the API leaves undocumented.
 STDIN_SPEC_MAX_BYTES = 4 * 1024 * 1024
 SPEC_DIR = "/workspace/.createos-run"
+# How long a pooled runner may take to confirm it picked up the uploaded spec.
+ACCEPT_SECONDS = 30.0
 # How long closing the stream waits for the guest delete before returning anyway.
 CLOSE_WAIT_SECONDS = 5.0
 STDERR_KEEP_CHARS = 16000
@@ -161,15 +169,28 @@ def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
 class _Run:
     """Everything one execute() call owns: the guest, the exec thread and its event queue."""
 
-    def __init__(self, endpoint: runtime.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any]) -> None:
-        self.endpoint = endpoint
-        self.client: Any = endpoint.client
+    def __init__(
+        self,
+        client: Any,
+        cfg: ExecutorSettings,
+        spec: dict[str, Any] | None,
+        *,
+        pooled: bool = False,
+    ) -> None:
+        self.client = client
         self.cfg = cfg
         self.spec = spec
         self.token = new_token()
         self.sandbox_id: str | None = None
-        self.loop = asyncio.get_running_loop()
+        # A pooled guest's exec starts before any run (and any event loop) owns it: until
+        # attach(), what it reports is kept in `early` and `warm_state` says how far it got.
+        self.loop: asyncio.AbstractEventLoop | None = None if pooled else asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self.early: list[tuple[str, Any]] = []
+        self.warm_state = threading.Condition(threading.Lock())
+        self.attached = not pooled
+        self.pooled = pooled
+        self.exec_timeout = cfg.timeout_seconds + EXEC_GRACE_SECONDS
         self._closed = threading.Event()
         self._delete_lock = threading.Lock()
         self._deleted = False
@@ -241,12 +262,55 @@ class _Run:
         while worker.is_alive() and self.loop.time() < deadline:
             await asyncio.sleep(0.02)
 
+    # -- a pooled guest: its exec runs before a run owns it ------------------------------
+    def early_kinds(self) -> set[str]:
+        """What the exec reported before attach(): frame types, plus "end"/"error"."""
+        with self.warm_state:
+            return {item["t"] if kind == "frame" else kind for kind, item in self.early}
+
+    def wait_warm(self, timeout: float) -> set[str]:
+        """Block until the runner waits for its spec, the exec ended, or `timeout` passed."""
+        deadline = time.monotonic() + timeout
+        with self.warm_state:
+            while True:
+                kinds = {item["t"] if kind == "frame" else kind for kind, item in self.early}
+                left = deadline - time.monotonic()
+                if kinds & {"waiting", "end", "error"} or left <= 0:
+                    return kinds
+                self.warm_state.wait(min(left, 1.0))
+
+    def alive(self) -> bool:
+        """Still waiting for a spec, as far as this process can tell without a request."""
+        return not self._closed.is_set() and not self.early_kinds() & {"end", "error"}
+
+    def attach(self) -> list[tuple[str, Any]]:
+        """Hand the exec to the calling run: from now on its reports go to `queue` on this
+        event loop. Returns what it reported before."""
+        with self.warm_state:
+            self.loop = asyncio.get_running_loop()
+            self.queue = asyncio.Queue()
+            self.attached = True
+            early, self.early = self.early, []
+        return early
+
+    def discard(self) -> None:
+        """Unused: whoever holds the guest deletes it; this exec must report nothing more."""
+        self._closed.set()
+        with self._delete_lock:
+            self._deleted = True
+
     # -- the exec, on its own thread ----------------------------------------------------
     def _push(self, kind: str, item: Any) -> None:
         if self._closed.is_set():
             return
+        if not self.attached:
+            with self.warm_state:
+                if not self.attached:
+                    self.early.append((kind, item))
+                    self.warm_state.notify_all()
+                    return
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))  # type: ignore[union-attr]
         except RuntimeError:  # the loop is gone; the consumer left
             self._closed.set()
 
@@ -283,7 +347,7 @@ class _Run:
                 PYTHON,
                 ["-c", BOOTSTRAP],
                 stdin=stdin,
-                timeout=self.cfg.timeout_seconds + EXEC_GRACE_SECONDS,
+                timeout=self.exec_timeout,
                 max_output_bytes=self.cfg.max_output_bytes,
                 stream=True,
                 on_output=on_output,
@@ -298,9 +362,28 @@ class _Run:
         except BaseException as exc:  # never lose an exception on this thread
             self._push("error", exc)
 
+    def _wire_spec(self) -> dict[str, Any]:
+        assert self.spec is not None
+        return {**self.spec, "runtime": encode_runtime(self.spec["runtime"])}
+
+    async def deliver(self, spec: dict[str, Any]) -> bool:
+        """Upload this run's spec to where the pooled runner waits for it. False when the
+        guest refused it (paused: 409, gone: 404): the runner cannot have seen it."""
+        self.spec = spec
+        body = json.dumps(self._wire_spec(), separators=(",", ":"), default=str).encode()
+        data = spec_mac(bytes.fromhex(self.token), body).encode("ascii") + b"\n" + body
+        native = runtime._native()
+        try:
+            await asyncio.to_thread(self.client.upload, self.sandbox_id, executor_pool.SPEC_PATH, data)
+        except native.CreateOSError as exc:
+            if getattr(exc, "status", None) in (404, 409):
+                return False
+            raise runtime.to_lfx_error(exc, "upload the run spec to the pooled executor guest") from None
+        return True
+
     async def stage(self) -> str:
         """The exec's stdin; a large spec is uploaded first and only its path travels on stdin."""
-        spec = {**self.spec, "runtime": encode_runtime(self.spec["runtime"])}
+        spec = self._wire_spec()
         document: dict[str, Any] = {"runner": runner_source(), "token": self.token, "spec": spec}
         stdin = json.dumps(document, separators=(",", ":"), default=str)
         if len(stdin) <= STDIN_SPEC_MAX_BYTES:
@@ -417,8 +500,8 @@ class CreateOSExecutor(Executor):
         if secrets_inline:
             logger.info(
                 "CreateOS executor: %d secret field(s) hold inline values (%s); they reach the guest "
-                "inside the run spec on stdin (never written to its disk). Prefer global variables "
-                "forwarded with CREATEOS_EXECUTOR_ENV.",
+                "inside the run spec (on stdin, or for a pooled guest in a file the runner removes "
+                "on reading). Prefer global variables forwarded with CREATEOS_EXECUTOR_ENV.",
                 len(secrets_inline),
                 ", ".join(secrets_inline),
             )
@@ -431,13 +514,17 @@ class CreateOSExecutor(Executor):
         if cfg.install_lfx and not guest_knowledge.known_good(endpoint.base_url, cfg.rootfs):
             spec["install"] = _install_request(cfg)
 
-        run = _Run(endpoint, cfg, spec)
+        run: _Run | None = None
         try:
-            await run.create()
-            run.start_exec(await run.stage())
+            early: list[tuple[str, Any]] = []
+            if cfg.warm_pool and "install" not in spec:
+                run, early = await _take_warm(endpoint, cfg, spec)
+            if run is None:
+                run = _Run(endpoint.client, cfg, spec)
+                await run.create()
+                run.start_exec(await run.stage())
             frames: dict[str, Mapping[str, Any]] = {}
-            while True:
-                kind, item = await run.queue.get()
+            async for kind, item in _reports(run, early):
                 if kind == "error":
                     raise item
                 if kind == "end":
@@ -468,6 +555,7 @@ class CreateOSExecutor(Executor):
                             rootfs=cfg.rootfs,
                             lfx_version=lfx_version,
                             installed=bool(frame.get("installed")),
+                            pooled=run.pooled,
                         )
                     )
 
@@ -485,4 +573,66 @@ class CreateOSExecutor(Executor):
             yield StepResult(payload=Finish())
             yield RunComplete(outputs=outputs)
         finally:
-            await run.close()
+            if run is not None:
+                await run.close()
+
+    @staticmethod
+    def shutdown() -> None:
+        """Delete every pooled guest of this process now (interpreter exit does it too)."""
+        executor_pool.shutdown()
+
+
+async def _reports(run: _Run, early: list[tuple[str, Any]]) -> AsyncIterator[tuple[str, Any]]:
+    """What the guest's exec reported before the run took it, then what it reports live."""
+    for item in early:
+        yield item
+    while True:
+        yield await run.queue.get()
+
+
+async def _take_warm(
+    endpoint: runtime.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any]
+) -> tuple[_Run | None, list[tuple[str, Any]]]:
+    """A pooled guest that has accepted this run's spec, with what it reported while it
+    waited; (None, []) when no guest is ready or the one taken turned out stale (it is then
+    deleted, and nothing of this run has run on it)."""
+    run, key = executor_pool.take(endpoint, cfg, _forwarded_env(cfg))
+    if run is None:
+        return None, []
+    early = run.attach()
+    reason = None
+    try:
+        if any(kind != "frame" for kind, _ in early):
+            reason = "its runner had already exited"
+        elif not await run.deliver(spec):
+            reason = "it refused the spec (paused or deleted)"
+        else:
+            while reason is None:
+                try:
+                    kind, item = await asyncio.wait_for(run.queue.get(), ACCEPT_SECONDS)
+                except TimeoutError:
+                    raise SandboxExecutionError(
+                        f"CreateOS executor: the pooled guest {run.sandbox_id} did not pick up the run "
+                        f"within {ACCEPT_SECONDS:g} s; it was deleted and the run was not started."
+                    ) from None
+                if kind == "frame" and item.get("t") == "accepted":
+                    early.append((kind, item))
+                    return run, early
+                if kind == "frame":
+                    early.append((kind, item))
+                elif kind == "end":  # a complete stream without `accepted`: nothing ran
+                    reason = "its runner exited before taking the run"
+                else:  # the stream broke: whether the run began there is unknown, so fail closed
+                    raise SandboxExecutionError(
+                        f"CreateOS executor: the stream of pooled guest {run.sandbox_id} broke while "
+                        f"it took the run ({item}); it was deleted and the run was not retried."
+                    )
+    except BaseException:
+        await run.close()
+        raise
+    executor_pool.note_stale(key, run.sandbox_id or "?")
+    logger.info(
+        "CreateOS executor: pooled guest %s was not usable (%s); using a fresh one", run.sandbox_id, reason
+    )
+    await run.close()
+    return None, []

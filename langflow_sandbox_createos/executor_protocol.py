@@ -58,6 +58,11 @@ def runner_source() -> str:
     return resources.files("langflow_sandbox_createos.guest").joinpath("runner.py").read_text("utf-8")
 
 
+def spec_mac(key: bytes, body: bytes) -> str:
+    """Authenticates a pooled runner's uploaded spec (must match `runner.spec_mac`)."""
+    return hmac.new(key, b"spec " + body, hashlib.sha256).hexdigest()
+
+
 def new_token() -> str:
     return secrets.token_hex(32)
 
@@ -429,6 +434,7 @@ class GuestStatus:
     rootfs: str
     lfx_version: str | None
     installed: bool
+    pooled: bool = False  # the guest came from CREATEOS_EXECUTOR_WARM_POOL
 
 
 @dataclass(frozen=True)

@@ -316,6 +316,8 @@ class ExecutorSettings:
     lfx_version: str | None
     env_allowlist: tuple[str, ...]
     max_output_bytes: int
+    warm_pool: int = 0
+    warm_pool_idle_seconds: int = 300
 
 
 def validate_address_rule(rule: str, setting: str) -> str:
@@ -375,5 +377,9 @@ def executor_settings(environ: Mapping[str, str] | None = None) -> ExecutorSetti
             minimum=MIN_OUTPUT_BYTES,
             maximum=MAX_OUTPUT_BYTES,
             environ=environ,
+        ),
+        warm_pool=parse_int("CREATEOS_EXECUTOR_WARM_POOL", 0, minimum=0, maximum=16, environ=environ),
+        warm_pool_idle_seconds=parse_int(
+            "CREATEOS_EXECUTOR_WARM_POOL_IDLE_SECONDS", 300, minimum=30, maximum=3600, environ=environ
         ),
     )

@@ -24,6 +24,9 @@ Design points (docs/performance.md has the costs):
   drains its pool instead of churning guests forever.
 - **Lifecycle.** ``shutdown()`` and process exit (atexit) delete every pooled guest. A fork
   child forgets the parent's pool (never touching the parent's guests); it builds its own.
+- **Warmers.** A pool may be given a :class:`Warmer` that prepares each new guest further
+  (the executor starts its guest runner and waits until lfx is loaded) and holds a handle
+  for it; a guest whose handle reports it unusable is discarded at ``take`` without a request.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from langflow_sandbox_createos import runtime
 
@@ -51,6 +54,25 @@ EXPIRY_MARGIN_SECONDS = 15.0
 BACKOFF_FIRST_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
 SHUTDOWN_SECONDS = 10.0
+
+
+class PoolDisabled(Exception):
+    """Raised by a warmer when no guest of this key can ever be warmed (the pool stops
+    creating guests for the key; runs take the cold path)."""
+
+
+class Warmer(Protocol):
+    """Prepares a freshly created guest before it is handed out, and owns what that leaves
+    open (a running exec, for the executor)."""
+
+    def warm(self, client: Any, sandbox_id: str, key: PoolKey) -> Any:
+        """Blocking; returns the handle kept with the guest. Raises when the guest is unusable."""
+
+    def usable(self, handle: Any) -> bool:
+        """A local check (no request): False when the guest is known to be dead."""
+
+    def discard(self, handle: Any) -> None:
+        """The guest is about to be deleted unused: release the handle's resources."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +98,14 @@ class PoolKey:
             "auto_pause_after_seconds": self.auto_pause_seconds,
         }
 
+    def lifetime_seconds(self) -> float:
+        """How long after its create request a guest may still be handed out."""
+        return self.auto_pause_seconds - EXPIRY_MARGIN_SECONDS
+
+    def idle_window_seconds(self) -> float:
+        """A pool unused for this long stops replacing the guests that expire."""
+        return float(self.auto_pause_seconds)
+
     def __repr__(self) -> str:
         return (
             f"PoolKey({self.base_url}, shape={self.shape}, rootfs={self.rootfs}, egress={list(self.egress)}, "
@@ -87,6 +117,7 @@ class PoolKey:
 class _Guest:
     sandbox_id: str
     expires: float  # monotonic; past it the guest may be paused by the control plane
+    handle: Any = None  # what the pool's warmer returned for it
 
 
 @dataclass
@@ -99,10 +130,11 @@ class _Pool:
     last_used: float = 0.0
     failures: int = 0
     retry_at: float = 0.0
+    disabled: bool = False
 
     def active(self, now: float) -> bool:
         """Used within the last auto-pause window: keep it topped up."""
-        return now - self.last_used <= self.key.auto_pause_seconds
+        return not self.disabled and now - self.last_used <= self.key.idle_window_seconds()
 
 
 _live_pools: weakref.WeakSet[WarmPool] = weakref.WeakSet()
@@ -111,17 +143,27 @@ _live_pools: weakref.WeakSet[WarmPool] = weakref.WeakSet()
 class WarmPool:
     """The pools of one backend instance, one per configuration. Thread-safe."""
 
-    def __init__(self, *, random_name: Any, max_workers: int = MAX_WORKERS) -> None:
+    def __init__(
+        self,
+        *,
+        random_name: Any,
+        max_workers: int = MAX_WORKERS,
+        prefix: str = NAME_PREFIX,
+        warmer: Warmer | None = None,
+    ) -> None:
         self._random_name = random_name
         self._max_workers = max_workers
+        self.prefix = prefix
+        self._warmer = warmer
         self._init_state()
         _live_pools.add(self)
 
     def _init_state(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._pools: dict[PoolKey, _Pool] = {}
-        self._to_delete: deque[tuple[Any, str]] = deque()
+        self._to_delete: deque[tuple[Any, str, Any]] = deque()  # (client, sandbox id, handle)
         self._workers: list[threading.Thread] = []
+        self._warming: dict[str, Any] = {}  # sandbox id -> client, while its warmer runs
         self._busy = 0  # workers inside a native call
         self._generation = 0
         self._counters = {
@@ -137,9 +179,14 @@ class WarmPool:
     # --- the run's side ----------------------------------------------------------------------
 
     def take(self, key: PoolKey, client: Any, target: int) -> str | None:
-        """A ready guest for ``key``, or None when none is ready (the caller creates one).
+        """A ready guest's id for ``key``, or None when none is ready (the caller creates one).
 
         Also sets the pool's size to ``target`` and schedules the refill. No I/O."""
+        guest = self.take_guest(key, client, target)
+        return guest.sandbox_id if guest is not None else None
+
+    def take_guest(self, key: PoolKey, client: Any, target: int) -> _Guest | None:
+        """Like :meth:`take`, with the warmer's handle. The caller owns the guest from here."""
         now = time.monotonic()
         with self._cond:
             pool = self._pools.get(key)
@@ -151,17 +198,21 @@ class WarmPool:
             guest = None
             while pool.ready:
                 candidate = pool.ready.popleft()
-                if candidate.expires > now:
+                if candidate.expires <= now:
+                    self._counters["expired"] += 1
+                elif self._warmer is not None and not self._warmer.usable(candidate.handle):
+                    self._counters["stale"] += 1
+                else:
                     guest = candidate
                     break
-                self._counters["expired"] += 1
-                self._to_delete.append((pool.client, candidate.sandbox_id))
+                self._to_delete.append((pool.client, candidate.sandbox_id, candidate.handle))
             while len(pool.ready) > target:  # the size was lowered
-                self._to_delete.append((pool.client, pool.ready.pop().sandbox_id))
+                dropped = pool.ready.pop()
+                self._to_delete.append((pool.client, dropped.sandbox_id, dropped.handle))
             if guest is not None:
                 self._counters["taken"] += 1
             self._wake_workers_locked()
-            return guest.sandbox_id if guest is not None else None
+            return guest
 
     def note_stale(self, key: PoolKey, sandbox_id: str) -> None:
         """A guest taken from the pool was gone or paused (404/409 on its exec)."""
@@ -226,10 +277,10 @@ class WarmPool:
         for pool in self._pools.values():
             while pool.ready and pool.ready[0].expires <= now:
                 self._counters["expired"] += 1
-                self._to_delete.append((pool.client, pool.ready.popleft().sandbox_id))
+                old = pool.ready.popleft()
+                self._to_delete.append((pool.client, old.sandbox_id, old.handle))
         if self._to_delete:
-            client, sandbox_id = self._to_delete.popleft()
-            return ("delete", client, sandbox_id)
+            return ("delete", self._to_delete.popleft(), None)
         for pool in self._pools.values():
             if pool.active(now) and now >= pool.retry_at and len(pool.ready) + pool.pending < pool.target:
                 pool.pending += 1
@@ -260,7 +311,7 @@ class WarmPool:
                     self._cond.wait(wakeup)
             try:
                 if job[0] == "delete":
-                    self._delete(job[1], job[2])
+                    self._delete(*job[1])
                 else:
                     self._create(job[1], generation)
             finally:
@@ -272,13 +323,28 @@ class WarmPool:
     def _create(self, pool: _Pool, generation: int) -> None:
         key = pool.key
         started = time.monotonic()
-        name = self._random_name(NAME_PREFIX)
+        name = self._random_name(self.prefix)
+        sandbox_id = None
+        handle = None
         try:
             view = pool.client.create(key.create_spec(name))
             sandbox_id = view["id"]
+            if self._warmer is not None:
+                with self._cond:
+                    self._warming[sandbox_id] = pool.client  # shutdown deletes it mid-warm-up
+                try:
+                    handle = self._warmer.warm(pool.client, sandbox_id, key)
+                finally:
+                    with self._cond:
+                        self._warming.pop(sandbox_id, None)
         except Exception as exc:
-            runtime.reap_lost_create(pool.client, name, exc)
+            if sandbox_id is None:
+                runtime.reap_lost_create(pool.client, name, exc)
+            else:
+                self._delete(pool.client, sandbox_id, None)
             with self._cond:
+                if isinstance(exc, PoolDisabled):
+                    pool.disabled = True
                 pool.pending -= 1
                 pool.failures += 1
                 self._counters["create_failures"] += 1
@@ -303,14 +369,18 @@ class WarmPool:
                 and len(pool.ready) < pool.target
             ):
                 # The activity clock starts no earlier than the request was sent.
-                pool.ready.append(
-                    _Guest(sandbox_id, started + key.auto_pause_seconds - EXPIRY_MARGIN_SECONDS)
-                )
+                pool.ready.append(_Guest(sandbox_id, started + key.lifetime_seconds(), handle))
                 self._cond.notify_all()
                 return
-        self._delete(pool.client, sandbox_id)  # shut down, forgotten or no longer wanted meanwhile
+        # shut down, forgotten or no longer wanted meanwhile
+        self._delete(pool.client, sandbox_id, handle)
 
-    def _delete(self, client: Any, sandbox_id: str) -> None:
+    def _delete(self, client: Any, sandbox_id: str, handle: Any = None) -> None:
+        if handle is not None and self._warmer is not None:
+            try:
+                self._warmer.discard(handle)
+            except Exception:  # deleting the guest is what matters
+                logger.debug("warm pool: discarding a handle failed", exc_info=True)
         try:
             client.delete(sandbox_id)
         except Exception as exc:
@@ -340,8 +410,10 @@ class WarmPool:
             doomed = list(self._to_delete)
             self._to_delete.clear()
             for pool in self._pools.values():
-                doomed += [(pool.client, g.sandbox_id) for g in pool.ready]
+                doomed += [(pool.client, g.sandbox_id, g.handle) for g in pool.ready]
                 pool.ready.clear()
+            doomed += [(client, sandbox_id, None) for sandbox_id, client in self._warming.items()]
+            self._warming.clear()
             self._pools.clear()
             workers = list(self._workers)
             self._workers = []
@@ -361,7 +433,7 @@ class WarmPool:
         self._init_state()
 
 
-def _delete_all(pool: WarmPool, doomed: list[tuple[Any, str]], deadline: float) -> None:
+def _delete_all(pool: WarmPool, doomed: list[tuple[Any, str, Any]], deadline: float) -> None:
     """Delete guests in parallel (up to MAX_WORKERS threads), within the deadline."""
     if not doomed:
         return
@@ -373,8 +445,8 @@ def _delete_all(pool: WarmPool, doomed: list[tuple[Any, str]], deadline: float) 
             with lock:
                 if not queue:
                     return
-                client, sandbox_id = queue.popleft()
-            pool._delete(client, sandbox_id)
+                job = queue.popleft()
+            pool._delete(*job)
 
     threads = [threading.Thread(target=run, daemon=True) for _ in range(min(MAX_WORKERS, len(doomed)))]
     for thread in threads:

@@ -1,0 +1,186 @@
+"""Warm pool for the whole-flow executor: guests whose runner already has lfx loaded.
+
+Opt-in with ``CREATEOS_EXECUTOR_WARM_POOL=N`` (0..16, default 0). The pool machinery (keys,
+background refill, expiry, shutdown, atexit, fork) is the backend's :mod:`warm_pool`; this
+module adds what a warm executor guest is:
+
+- **Warm-up** (a pool worker thread, off every run's critical path): create the guest
+  (``lf-xw-...``), start the one streaming exec of the guest runner with ``wait`` instead of a
+  spec on its stdin, and wait until the runner reports ``waiting``: the interpreter is up and
+  lfx plus everything a run imports is loaded. The exec stays open; its frames are kept.
+- **A run** takes a ready guest (no request), uploads its spec to the path the runner polls
+  (``PUT .../files``, authenticated with the runner's per-guest secret), and reads the rest of
+  the stream that has been open since warm-up. One run per guest; the guest is deleted after.
+- **Stale guests.** A guest whose exec ended (runner died, stream broke, guest deleted) is
+  dropped at ``take`` without a request. A paused or deleted one refuses the upload (409/404),
+  so the spec never reaches it. A runner that dies between the upload and its ``accepted``
+  frame ends the stream without ``accepted``: nothing of the run ran there. In all three cases
+  the run falls back to a fresh guest, so nothing runs twice.
+- **Bounded idle life.** A pooled guest is handed out only within
+  ``CREATEOS_EXECUTOR_WARM_POOL_IDLE_SECONDS`` of its create; its runner gives up waiting a
+  little later, and the guest's auto-pause covers idle life plus the run's timeout.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from langflow_sandbox_createos import runtime, settings, warm_pool
+from langflow_sandbox_createos.executor_protocol import runner_source
+from langflow_sandbox_createos.settings import ExecutorSettings
+
+logger = logging.getLogger("langflow_sandbox_createos.executor")
+
+NAME_PREFIX = "lf-xw-"
+# Where a pooled runner waits for its spec (the guest's private /tmp).
+SPEC_PATH = "/tmp/.createos-run/spec"
+# How long a warm-up may take (interpreter start plus lfx import on a loaded guest).
+WARM_TIMEOUT_SECONDS = 300.0
+# The runner waits this much longer than the host hands its guest out.
+WAIT_MARGIN_SECONDS = 30
+POLL_SECONDS = 0.02
+
+
+@dataclass(frozen=True, repr=False)
+class ExecutorPoolKey(warm_pool.PoolKey):
+    """Everything that makes two executor guests interchangeable. The env values are part of
+    it only as a digest; the values themselves ride along uncompared."""
+
+    env_digest: str
+    timeout_seconds: int
+    idle_seconds: int
+    max_output_bytes: int
+    cfg: ExecutorSettings = field(compare=False)
+    envs: tuple[tuple[str, str], ...] = field(compare=False)
+
+    def create_spec(self, name: str) -> dict[str, Any]:
+        spec = super().create_spec(name)
+        spec["envs"] = dict(self.envs)
+        return spec
+
+    def lifetime_seconds(self) -> float:
+        return float(self.idle_seconds)
+
+    def idle_window_seconds(self) -> float:
+        return float(self.idle_seconds)
+
+
+def pool_key(endpoint: runtime.Endpoint, cfg: ExecutorSettings, envs: dict[str, str]) -> ExecutorPoolKey:
+    digest = hashlib.blake2s(json.dumps(sorted(envs.items())).encode(), digest_size=16).hexdigest()
+    base = warm_pool.PoolKey(
+        base_url=endpoint.base_url,
+        key_digest=_key_digest(endpoint),
+        shape=cfg.shape,
+        rootfs=cfg.rootfs,
+        egress=tuple(cfg.egress),
+        env_keys=warm_pool.env_keys(envs),
+        auto_pause_seconds=runtime.auto_pause_seconds(
+            cfg.timeout_seconds + cfg.warm_pool_idle_seconds + WAIT_MARGIN_SECONDS
+        ),
+    )
+    return ExecutorPoolKey(
+        **{f: getattr(base, f) for f in base.__dataclass_fields__},
+        env_digest=digest,
+        timeout_seconds=cfg.timeout_seconds,
+        idle_seconds=cfg.warm_pool_idle_seconds,
+        max_output_bytes=cfg.max_output_bytes,
+        cfg=cfg,
+        envs=tuple(sorted(envs.items())),
+    )
+
+
+def _key_digest(endpoint: runtime.Endpoint) -> str:
+    """The API key as a digest (never the key): guests of one account are not another's."""
+    del endpoint  # endpoints.get() parsed the same settings a moment ago
+    return hashlib.blake2s(settings.api_key().value.encode(), digest_size=16).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def _warm_flow() -> dict[str, Any] | None:
+    """ChatInput -> ChatOutput as flow JSON, which a waiting runner rebuilds (never runs)."""
+    try:
+        from lfx.components.input_output import ChatInput, ChatOutput
+        from lfx.graph import Graph
+
+        chat_in = ChatInput(_id="warm-in")
+        chat_out = ChatOutput(_id="warm-out")
+        chat_out.set(input_value=chat_in.message_response)
+        return dict(Graph(chat_in, chat_out).dump())
+    except Exception:  # an lfx without these components: the runner skips the warm-up build
+        logger.debug("CreateOS executor: no warm-up flow", exc_info=True)
+        return None
+
+
+class _Warmer:
+    """Starts a guest's runner and waits until it is ready for a spec (warm_pool.Warmer)."""
+
+    def warm(self, client: Any, sandbox_id: str, key: warm_pool.PoolKey) -> Any:
+        from langflow_sandbox_createos.executor import EXEC_GRACE_SECONDS, _Run
+
+        assert isinstance(key, ExecutorPoolKey)
+        run = _Run(client, key.cfg, None, pooled=True)
+        run.sandbox_id = sandbox_id
+        wait = key.idle_seconds + WAIT_MARGIN_SECONDS
+        run.exec_timeout = wait + key.timeout_seconds + EXEC_GRACE_SECONDS
+        document = {
+            "runner": runner_source(),
+            "token": run.token,
+            "wait": {"path": SPEC_PATH, "seconds": wait, "poll": POLL_SECONDS, "warm_flow": _warm_flow()},
+        }
+        run.start_exec(json.dumps(document, separators=(",", ":")))
+        kinds = run.wait_warm(WARM_TIMEOUT_SECONDS)
+        if "waiting" in kinds and run.alive():
+            return run
+        run.discard()
+        if "missing_lfx" in kinds:
+            raise warm_pool.PoolDisabled(
+                f"rootfs {key.rootfs!r} has no importable lfx; the executor's warm pool is off for it"
+            )
+        raise RuntimeError(
+            f"the guest runner did not get ready (reported: {sorted(kinds)}); "
+            f"guest stderr (tail): {run.stderr_text()[-500:]}"
+        )
+
+    def usable(self, handle: Any) -> bool:
+        return bool(handle.alive())
+
+    def discard(self, handle: Any) -> None:
+        handle.discard()
+
+
+_lock = threading.Lock()
+_pool: warm_pool.WarmPool | None = None
+
+
+def pool() -> warm_pool.WarmPool:
+    """The process's executor pool (created on first use; atexit deletes its guests)."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = warm_pool.WarmPool(random_name=runtime.random_name, prefix=NAME_PREFIX, warmer=_Warmer())
+        return _pool
+
+
+def take(endpoint: runtime.Endpoint, cfg: ExecutorSettings, envs: dict[str, str]) -> tuple[Any, Any]:
+    """(a ready warm run, its key) or (None, key) when none is ready. No request."""
+    key = pool_key(endpoint, cfg, envs)
+    guest = pool().take_guest(key, endpoint.client, cfg.warm_pool)
+    return (guest.handle if guest is not None else None), key
+
+
+def note_stale(key: Any, sandbox_id: str) -> None:
+    pool().note_stale(key, sandbox_id)
+
+
+def shutdown(timeout: float = warm_pool.SHUTDOWN_SECONDS) -> None:
+    """Delete every pooled executor guest now (also done at interpreter exit)."""
+    with _lock:
+        current = _pool
+    if current is not None:
+        current.shutdown(timeout)

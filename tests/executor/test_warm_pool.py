@@ -1,0 +1,243 @@
+"""CREATEOS_EXECUTOR_WARM_POOL against createos-local: one guest per run, stale guests fall
+back to a fresh one without running anything twice, and no pooled guest outlives shutdown,
+interpreter exit or (through `reap`) a crashed process."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from lfx.execution.types import RunComplete, StepResult, Unit
+from lfx.schema.schema import InputValueRequest
+
+from langflow_sandbox_createos import cli, executor_pool, runtime, settings
+from langflow_sandbox_createos.executor import CreateOSExecutor
+from langflow_sandbox_createos.executor_protocol import GuestStatus
+
+from .conftest import EXECUTOR_ROOTFS, chat_graph, drain, middle_graph
+from .flow_components.counter import Counter
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+FILL_SECONDS = 240.0  # lfx's import on a loaded 2-core machine
+
+
+@pytest.fixture
+def pooled(executor_env: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("CREATEOS_EXECUTOR_WARM_POOL", "1")
+    yield executor_env
+    executor_pool.shutdown()
+
+
+def fill() -> list[str]:
+    """Register this configuration's pool without a run and wait until it is full."""
+    endpoint = runtime.endpoints.get()
+    cfg = settings.executor_settings()
+    run, _ = executor_pool.take(endpoint, cfg, {})
+    assert run is None  # nothing was warm yet
+    pool = executor_pool.pool()
+    assert pool.wait_full(FILL_SECONDS), pool.stats()
+    return pool.ready_ids()
+
+
+def status(items: list[Any]) -> GuestStatus:
+    found = [i.payload for i in items if isinstance(i, StepResult) and isinstance(i.payload, GuestStatus)]
+    assert len(found) == 1
+    return found[0]
+
+
+def text(items: list[Any]) -> str:
+    assert isinstance(items[-1], RunComplete)
+    return items[-1].outputs[0].outputs[0].results["message"].text
+
+
+def unit(graph: Any, value: str) -> Unit:
+    return Unit(graph=graph, runtime_options={"initial_inputs": InputValueRequest(input_value=value)})
+
+
+def view(cp: Any, sandbox_id: str) -> dict[str, Any]:
+    answer = httpx.get(f"{cp.url}/v1/sandboxes/{sandbox_id}", headers={"X-Api-Key": cp.api_key}, timeout=10)
+    return answer.json()["data"]
+
+
+def api(cp: Any, method: str, path: str) -> int:
+    return httpx.request(method, f"{cp.url}{path}", headers={"X-Api-Key": cp.api_key}, timeout=10).status_code
+
+
+@pytest.fixture
+def counter() -> Iterator[tuple[str, list[str]]]:
+    """A server outside every guest that counts the Counter component's runs."""
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            hits.append(self.path)
+            body = str(len(hits)).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/count", hits
+    server.shutdown()
+    server.server_close()
+
+
+def kill_guest_processes(sandbox_id: str) -> int:
+    """SIGKILL every host process of one createos-local guest (found by its environment)."""
+    marker = f"CREATEOS_SANDBOX_ID={sandbox_id}".encode()
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker in environ.split(b"\0"):
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+async def test_each_run_gets_its_own_pooled_guest(pooled: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    executor = CreateOSExecutor()
+    first_pool = set(fill())
+    assert len(first_pool) == 1
+    name = view(pooled, next(iter(first_pool)))["name"]
+    assert name.startswith(executor_pool.NAME_PREFIX) and len(name) == 22
+
+    used = []
+    for value in ("one", "two"):
+        items = await drain(executor.execute(unit(chat_graph(), value)))
+        assert text(items) == value
+        guest = status(items)
+        assert guest.pooled and guest.lfx_version
+        used.append(guest.sandbox_id)
+        assert executor_pool.pool().wait_full(FILL_SECONDS)
+    assert used[0] in first_pool
+    assert used[0] != used[1]  # one guest per run, never reused
+    for sandbox_id in used:
+        assert view(pooled, sandbox_id)["status"] in ("destroying", "destroyed")
+    assert len(set(used) & first_pool) == 1
+
+
+@pytest.mark.parametrize("how", ["killed", "paused", "deleted"])
+async def test_a_stale_pooled_guest_falls_back_without_a_double_run(
+    pooled: Any, counter: tuple[str, list[str]], how: str
+) -> None:
+    url, hits = counter
+    (stale,) = fill()
+    stale_before = executor_pool.pool().stats()["stale"]
+    if how == "killed":
+        assert kill_guest_processes(stale) >= 1
+    elif how == "paused":
+        assert api(pooled, "POST", f"/v1/sandboxes/{stale}/pause") == 200
+    else:
+        assert api(pooled, "DELETE", f"/v1/sandboxes/{stale}") == 200
+
+    items = await drain(CreateOSExecutor().execute(unit(middle_graph(Counter, "count", url=url), "x")))
+    assert text(items) == "x#1"
+    guest = status(items)
+    assert not guest.pooled and guest.sandbox_id != stale  # a fresh guest ran it
+    assert len(hits) == 1  # ...and only it
+    assert executor_pool.pool().stats()["stale"] == stale_before + 1
+    executor_pool.shutdown()
+    assert view(pooled, stale)["status"] in ("destroying", "destroyed")
+
+
+def test_shutdown_deletes_pooled_guests(pooled: Any) -> None:
+    ids = fill()
+    CreateOSExecutor.shutdown()
+    assert executor_pool.pool().ready_ids() == []
+    for sandbox_id in ids:
+        assert view(pooled, sandbox_id)["status"] in ("destroying", "destroyed")
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, os, sys
+    from langflow_sandbox_createos import executor_pool, runtime, settings
+    executor_pool.take(runtime.endpoints.get(), settings.executor_settings(), {})
+    assert executor_pool.pool().wait_full(240), executor_pool.pool().stats()
+    print(json.dumps(executor_pool.pool().ready_ids()), flush=True)
+    if sys.argv[1] == "crash":
+        os._exit(1)  # no atexit: the guests are left behind
+    """
+)
+
+
+@pytest.mark.parametrize("ending", ["exit", "crash"])
+def test_interpreter_exit_deletes_and_reap_finds_a_crash(
+    executor_env: Any, ending: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = dict(os.environ, CREATEOS_EXECUTOR_WARM_POOL="1", CREATEOS_EXECUTOR_ROOTFS=EXECUTOR_ROOTFS)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, ending], env=env, capture_output=True, text=True, timeout=280
+    )
+    assert done.returncode == (0 if ending == "exit" else 1), done.stderr
+    ids = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(ids) == 1
+    if ending == "exit":
+        assert view(executor_env, ids[0])["status"] in ("destroying", "destroyed")
+        return
+    assert view(executor_env, ids[0])["status"] == "running"
+    # The default reap leaves pools alone (a running Langflow's); a crash's are reaped by prefix.
+    assert cli.main(["reap", "--json", "--include-active"]) == 0
+    listed = {row["id"] for row in json.loads(capsys.readouterr().out)["guests"]}
+    assert ids[0] not in listed
+    pool = ["--prefix", executor_pool.NAME_PREFIX, "--include-active"]
+    assert cli.main(["reap", "--json", *pool]) == 0
+    listed = {row["id"]: row["name"] for row in json.loads(capsys.readouterr().out)["guests"]}
+    assert ids[0] in listed and listed[ids[0]].startswith(executor_pool.NAME_PREFIX)
+    assert cli.main(["reap", "--yes", "--json", *pool]) == 0
+    assert view(executor_env, ids[0])["status"] in ("destroying", "destroyed")
+
+
+def test_host_and_runner_agree_on_the_spec_mac() -> None:
+    from importlib import resources
+
+    from langflow_sandbox_createos.executor_protocol import spec_mac
+
+    source = resources.files("langflow_sandbox_createos.guest").joinpath("runner.py").read_text("utf-8")
+    runner: dict[str, Any] = {"__name__": "runner_under_test"}
+    exec(compile(source, "runner.py", "exec"), runner)
+    key, body = os.urandom(32), b'{"graph": {}}'
+    assert runner["spec_mac"](key, body) == spec_mac(key, body)
+    assert runner["spec_mac"](key, body[:-1]) != spec_mac(key, body)  # a partial upload fails
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("CREATEOS_EXECUTOR_WARM_POOL", "-1", "below the minimum of 0"),
+        ("CREATEOS_EXECUTOR_WARM_POOL", "17", "above the maximum of 16"),
+        ("CREATEOS_EXECUTOR_WARM_POOL", "two", "not a whole number"),
+        ("CREATEOS_EXECUTOR_WARM_POOL_IDLE_SECONDS", "5", "below the minimum of 30"),
+    ],
+)
+def test_pool_settings_are_validated(name: str, value: str, says: str) -> None:
+    with pytest.raises(settings.SettingsError, match=f"{name}.*{says}"):
+        settings.executor_settings({name: value})
+    assert settings.executor_settings({}).warm_pool == 0  # off by default
