@@ -73,6 +73,7 @@ class LangflowServer:
     password: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. EXECUTOR=createos
     _pump: threading.Thread | None = None
+    _token: str | None = None
 
     @property
     def url(self) -> str:
@@ -91,7 +92,10 @@ class LangflowServer:
     def client(self) -> LangflowClient:
         """A REST client logged in as the superuser (authentication is on)."""
         client = LangflowClient(self.url, timeout=180)
-        client.login_with_password(self.username, self.password)
+        # One login per server: Langflow rate-limits /api/v1/login per client address (HTTP 429)
+        if self._token is None:
+            self._token = client.login_with_password(self.username, self.password)
+        client.token = self._token
         return client
 
     def login(self, page: Any) -> None:
@@ -148,6 +152,9 @@ class LangflowServer:
             LANGFLOW_START_TIMEOUT=str(int(START_TIMEOUT)),
             LANGFLOW_CREATE_STARTER_PROJECTS="false",  # Langflow's own ~30 starters: slow, unused
             LANGFLOW_AUTO_LOGIN="false",
+            # Langflow allows 5 logins a minute per address; the suite's browser pages, the
+            # importer's credential checks and test_policy's second user log in more often
+            LANGFLOW_RATE_LIMIT_PER_MINUTE="600",
             LANGFLOW_SUPERUSER=self.username,
             LANGFLOW_SUPERUSER_PASSWORD=self.password,
             DO_NOT_TRACK="true",

@@ -168,7 +168,12 @@ def _one(role: str, index: int, rng: random.Random, tally: Tally) -> None:
         tally.add(role, "timed-out")  # a dripped or cut stream past its deadline: a result
         return
     if out.stdout != expected:
-        tally.add(role, "wrong-output", f"stdout {out.stdout[:80]!r} != {expected[:80]!r}")
+        tally.add(
+            role,
+            "wrong-output",
+            f"stdout {out.stdout[:80]!r} != {expected[:80]!r} (exit {out.exit_code}, "
+            f"stderr {str(out.details.get('stderr', ''))[-200:]!r}, {sorted(out.details)})",
+        )
         return
     tally.add(role, "ok")
 
