@@ -250,13 +250,7 @@ def backend_settings(environ: Mapping[str, str] | None = None) -> BackendSetting
         accept_egress_exceptions=accept_egress_exceptions(environ),
         rootfs=rootfs(environ),
         shape=raw("CREATEOS_SANDBOX_SHAPE", environ),
-        max_output_bytes=parse_int(
-            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
-            DEFAULT_MAX_OUTPUT_BYTES,
-            minimum=MIN_OUTPUT_BYTES,
-            maximum=MAX_OUTPUT_BYTES,
-            environ=environ,
-        ),
+        max_output_bytes=max_output_bytes(environ),
         warm_pool=parse_int("CREATEOS_SANDBOX_WARM_POOL", 0, minimum=0, maximum=64, environ=environ),
     )
 
@@ -290,6 +284,17 @@ def reuse_idle_seconds(environ: Mapping[str, str] | None = None) -> int:
         DEFAULT_REUSE_IDLE_SECONDS,
         minimum=1,
         maximum=MAX_REUSE_IDLE_SECONDS,
+        environ=environ,
+    )
+
+
+def max_output_bytes(environ: Mapping[str, str] | None = None) -> int:
+    """CREATEOS_SANDBOX_MAX_OUTPUT_BYTES, the cap per output stream every surface applies."""
+    return parse_int(
+        "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
+        DEFAULT_MAX_OUTPUT_BYTES,
+        minimum=MIN_OUTPUT_BYTES,
+        maximum=MAX_OUTPUT_BYTES,
         environ=environ,
     )
 
@@ -371,13 +376,7 @@ def executor_settings(environ: Mapping[str, str] | None = None) -> ExecutorSetti
         pip_extra=tuple(pip.split()) if pip else (),
         lfx_version=raw("CREATEOS_EXECUTOR_LFX_VERSION", environ),
         env_allowlist=env_names,
-        max_output_bytes=parse_int(
-            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
-            DEFAULT_MAX_OUTPUT_BYTES,
-            minimum=MIN_OUTPUT_BYTES,
-            maximum=MAX_OUTPUT_BYTES,
-            environ=environ,
-        ),
+        max_output_bytes=max_output_bytes(environ),
         warm_pool=parse_int("CREATEOS_EXECUTOR_WARM_POOL", 0, minimum=0, maximum=16, environ=environ),
         warm_pool_idle_seconds=parse_int(
             "CREATEOS_EXECUTOR_WARM_POOL_IDLE_SECONDS", 300, minimum=30, maximum=3600, environ=environ

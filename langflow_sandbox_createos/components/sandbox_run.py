@@ -509,12 +509,7 @@ class _Phase:
 
 def _max_output_bytes() -> int:
     try:
-        return settings.parse_int(
-            "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
-            settings.DEFAULT_MAX_OUTPUT_BYTES,
-            minimum=settings.MIN_OUTPUT_BYTES,
-            maximum=settings.MAX_OUTPUT_BYTES,
-        )
+        return settings.max_output_bytes()
     except SettingsError as exc:
         raise SandboxUnavailableError(str(exc)) from None
 
