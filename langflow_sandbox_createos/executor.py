@@ -223,7 +223,7 @@ class _Run:
         return sandbox_id
 
     async def create(self) -> None:
-        future = self.loop.run_in_executor(None, self._create_blocking)
+        future = asyncio.get_running_loop().run_in_executor(None, self._create_blocking)
         try:
             self.sandbox_id = await asyncio.shield(future)
         except asyncio.CancelledError:
@@ -258,8 +258,9 @@ class _Run:
             return
         worker = threading.Thread(target=self.delete_blocking, name="createos-executor-delete", daemon=True)
         worker.start()
-        deadline = self.loop.time() + CLOSE_WAIT_SECONDS
-        while worker.is_alive() and self.loop.time() < deadline:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + CLOSE_WAIT_SECONDS
+        while worker.is_alive() and loop.time() < deadline:
             await asyncio.sleep(0.02)
 
     # -- a pooled guest: its exec runs before a run owns it ------------------------------

@@ -28,6 +28,7 @@ import subprocess
 import termios
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import mounts
 from .cgroups import SandboxCgroups
@@ -271,7 +272,7 @@ class GuestRunner:
             launcher_env = {**env, "HOME": str(req.layout.workspace), **launcher_env, "PATH": path_env}
             cwd = str(req.layout.workspace)
         try:
-            proc = await asyncio.create_subprocess_exec(
+            proc, exited = await spawn(
                 "/bin/sh",
                 "-c",
                 LAUNCHER,
@@ -291,7 +292,7 @@ class GuestRunner:
         finally:
             for fd in pass_fds:
                 os.close(fd)
-        guest = GuestProcess(proc, self.isolation, req.cgroups, self._procs)
+        guest = GuestProcess(proc, exited, self.isolation, self._procs)
         guest.begin(stdin)
         return guest
 
@@ -402,6 +403,52 @@ def _unread_bytes(fd: int) -> int:
     return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
 
 
+def pipe_fd(transport: asyncio.BaseTransport) -> int | None:
+    """The file descriptor behind a subprocess pipe transport, on either event loop:
+    asyncio's transports name the pipe object ``pipe``, uvloop's (the server's loop under
+    uvicorn) name it ``socket`` and have no ``pipe``."""
+    for key in ("pipe", "socket"):
+        obj = transport.get_extra_info(key)
+        if obj is not None:
+            return int(obj.fileno())
+    return None
+
+
+def _known_fd(transport: asyncio.BaseTransport) -> int:
+    fd = pipe_fd(transport)
+    if fd is None or fd < 0:
+        raise LookupError("the pipe transport does not expose its file descriptor")
+    return fd
+
+
+class _ExitReportingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's stream protocol, plus a future done the moment the process exits."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+async def spawn(
+    *argv: str, limit: int = CHUNK_BYTES, **kwargs: Any
+) -> tuple[asyncio.subprocess.Process, asyncio.Future[None]]:
+    """``asyncio.create_subprocess_exec``, also returning a future done at the process's exit.
+
+    ``Process.wait()`` cannot tell that moment on every loop: on uvloop (uvicorn) it returns at
+    the exit, on asyncio's own loop (the HTTP/2 server) only once every pipe is closed too,
+    which a background process of the guest may hold open for as long as it likes."""
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _ExitReportingProtocol(limit, loop), *argv, **kwargs
+    )
+    return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
+
+
 class GuestInit:
     """The guest's PID 1 (bwrap's reaper; its only child sleeps) and the way into its namespaces."""
 
@@ -444,13 +491,13 @@ class GuestProcess:
     def __init__(
         self,
         proc: asyncio.subprocess.Process,
+        exited: asyncio.Future[None],
         isolation: bool,
-        cgroups: SandboxCgroups,
         registry: set[GuestProcess],
     ) -> None:
         self.proc = proc
+        self.exited = exited  # done when the main process has exited (see spawn)
         self.isolation = isolation
-        self.cgroups = cgroups
         self._registry = registry
         self._queue: asyncio.Queue[tuple[str, bytes | None]] = asyncio.Queue(maxsize=4)
         self._open_streams = 2
@@ -490,7 +537,7 @@ class GuestProcess:
             stdin.close()
 
     async def _reap(self) -> None:
-        await self.proc.wait()
+        await self.exited
         if not self.isolation:
             # background children of an unisolated guest would hold the pipes open forever
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -507,18 +554,20 @@ class GuestProcess:
             return
         pipes = [transport.get_pipe_transport(fd) for fd in (1, 2)]
         while True:
-            pending = 0
-            for pipe in pipes:
-                if pipe is None or pipe.is_closing():
-                    continue
-                with contextlib.suppress(OSError, ValueError, AttributeError):
-                    pending += _unread_bytes(pipe.get_extra_info("pipe").fileno())
+            open_pipes = [p for p in pipes if p is not None and not p.is_closing()]
+            if not open_pipes:
+                return  # both at end of file: nothing to cut
+            try:
+                pending = sum(_unread_bytes(_known_fd(p)) for p in open_pipes)
+            except (OSError, LookupError):
+                # no way to tell what is unread: wait for the end of file instead (a
+                # background writer then keeps the exec open; output is never cut)
+                return
             if not pending:
                 break
             await asyncio.sleep(0.002)
-        for pipe in pipes:
-            if pipe is not None and not pipe.is_closing():
-                pipe.close()
+        for pipe in open_pipes:
+            pipe.close()
 
     async def next_chunk(self) -> tuple[str, bytes] | None:
         """The next output chunk, or None once both pipes are closed."""
