@@ -1,5 +1,7 @@
 #include "http.h"
 
+#include "headers.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -34,98 +36,26 @@ static int is_2xx(long status)
     return status >= 200 && status < 300;
 }
 
-static void set_header_value(char *dst, size_t cap, const char *v, size_t n)
-{
-    while (n > 0 && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' ' || v[n - 1] == '\t'))
-        n--;
-    while (n > 0 && (*v == ' ' || *v == '\t')) {
-        v++;
-        n--;
-    }
-    if (n >= cap)
-        n = cap - 1;
-    memcpy(dst, v, n);
-    dst[n] = '\0';
-}
-
-/* Retry-After: delta-seconds or an HTTP date. */
-static void parse_retry_after(cos_meta *m, const char *v, size_t n)
-{
-    char tmp[128];
-    char *end;
-    double secs;
-    set_header_value(tmp, sizeof tmp, v, n);
-    if (tmp[0] == '\0')
-        return;
-    errno = 0;
-    secs = strtod(tmp, &end);
-    if (end != tmp && *end == '\0' && errno == 0 && secs >= 0 && secs < 1e9) {
-        m->retry_after = secs;
-        m->has_retry_after = 1;
-        return;
-    }
-    {
-        time_t when = curl_getdate(tmp, NULL);
-        if (when != (time_t)-1) {
-            double d = difftime(when, time(NULL));
-            m->retry_after = d > 0 ? d : 0;
-            m->has_retry_after = 1;
-        }
-    }
-}
-
-static int header_is(const char *line, size_t n, const char *name, const char **value, size_t *vlen)
-{
-    size_t k = strlen(name);
-    if (n <= k || line[k] != ':' || strncasecmp(line, name, k) != 0)
-        return 0;
-    *value = line + k + 1;
-    *vlen = n - k - 1;
-    return 1;
-}
-
 static size_t header_cb(char *line, size_t size, size_t nitems, void *ud)
 {
     cos_req *r = ud;
     size_t n = size * nitems;
-    const char *v;
-    size_t vn;
+    unsigned long long length = 0;
 
-    if (n >= 5 && memcmp(line, "HTTP/", 5) == 0) {
-        /* a new response (after a 100 Continue, say): forget the last one.
-         * The line is not NUL-terminated: parse a bounded copy. */
-        char status[64];
-        set_header_value(status, sizeof status, line, n);
-        memset(&r->meta, 0, sizeof r->meta);
-        {
-            const char *sp = strchr(status, ' ');
-            if (sp != NULL)
-                r->meta.status = strtol(sp + 1, NULL, 10);
-        }
-        return n;
-    }
-    if (header_is(line, n, "X-Request-Id", &v, &vn)) {
-        set_header_value(r->meta.request_id, sizeof r->meta.request_id, v, vn);
-    } else if (header_is(line, n, "X-Fc-Request-Id", &v, &vn)) {
-        if (r->meta.request_id[0] == '\0')
-            set_header_value(r->meta.request_id, sizeof r->meta.request_id, v, vn);
-    } else if (header_is(line, n, "Retry-After", &v, &vn)) {
-        parse_retry_after(&r->meta, v, vn);
-    } else if (header_is(line, n, "Content-Length", &v, &vn)) {
-        char tmp[64];
-        char *end;
-        unsigned long long cl;
-        set_header_value(tmp, sizeof tmp, v, vn);
-        errno = 0;
-        cl = strtoull(tmp, &end, 10);
-        if (r->mode == COS_RESP_DOWNLOAD && is_2xx(r->meta.status) && end != tmp && errno == 0 &&
-            cl > (unsigned long long)r->body_cap) {
+    switch (cos_header_line(&r->meta, line, n, &length)) {
+    case COS_HDR_CONTENT_LENGTH:
+        if (r->mode == COS_RESP_DOWNLOAD && is_2xx(r->meta.status) &&
+            length > (unsigned long long)r->body_cap) {
             r->declared_over_cap = 1;
             return 0; /* refuse before a byte of the body */
         }
-    } else if ((n == 2 && line[0] == '\r') || (n == 1 && line[0] == '\n')) {
+        break;
+    case COS_HDR_END:
         if (r->mode == COS_RESP_STREAM && is_2xx(r->meta.status))
             atomic_store(&r->stream_started, 1);
+        break;
+    default:
+        break;
     }
     return n;
 }
