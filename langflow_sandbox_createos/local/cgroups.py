@@ -15,6 +15,8 @@ import signal
 import time
 from pathlib import Path
 
+from .pids import signal_members
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT_PREFIX = "createos-local-"
 GUEST_PIDS_MAX = 1024  # tasks per sandbox (processes and threads of all its execs)
@@ -50,10 +52,7 @@ def _remove_group(group: Path, freezer: bool) -> None:
         with contextlib.suppress(OSError):
             (group / "freezer.state").write_text("THAWED")
     for _ in range(100):
-        pids = _read_pids(group)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        signal_members(lambda: _read_pids(group), signal.SIGKILL)
         try:
             group.rmdir()
             return
@@ -91,9 +90,7 @@ class SandboxCgroups:
         if self.freezer is not None:
             with contextlib.suppress(OSError):
                 (self.freezer / "freezer.state").write_text("THAWED")
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        signal_members(self.pids, signal.SIGKILL)
 
     def remove(self) -> None:
         if self.freezer is not None:

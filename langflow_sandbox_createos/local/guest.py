@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import mounts
+from . import mounts, pids
 from .cgroups import SandboxCgroups
 from .images import GUEST_GID, GUEST_UID, HOST_GUEST_GID, HOST_GUEST_UID, SYSTEM_PATH, Image
 
@@ -317,6 +318,8 @@ class GuestRunner:
         async with layout.init_lock:
             if layout.init is not None and layout.init.alive:
                 return layout.init
+            if layout.init is not None:
+                layout.init.kill()  # whatever is left of a dead init (its pin, its launcher)
             layout.init = None
             sleep = next((p for p in ("usr/bin/sleep", "bin/sleep") if (layout.fs / p).exists()), None)
             if sleep is None:
@@ -357,25 +360,30 @@ class GuestRunner:
                 raw = await asyncio.to_thread(_read_all, info_r)
             finally:
                 os.close(info_r)
+            init: GuestInit | None = None
             try:
-                child_pid = int(json.loads(raw)["child-pid"])
-                await _until_nested(child_pid)
+                init = GuestInit.adopt(proc, int(json.loads(raw)["child-pid"]))
+                await _until_nested(init)
             except (ValueError, KeyError, TypeError, OSError) as exc:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                if init is not None:
+                    init.kill()
+                pids.signal_own_group(proc, signal.SIGKILL)
                 err = await proc.stderr.read() if proc.stderr else b""
                 raise GuestStartError(
                     f"guest init failed to start: {err.decode(errors='replace').strip() or exc}"
                 ) from exc
-            layout.init = GuestInit(proc, child_pid)
+            layout.init = init
             return layout.init
 
 
-async def _until_nested(child_pid: int) -> None:
+async def _until_nested(init: GuestInit) -> None:
     """Wait until the guest's PID 1 runs in its final (nested, uid 1000) user namespace; bwrap
     reports the PID before it switches."""
     host_userns = os.stat("/proc/self/ns/user").st_ino
+    child_pid = init.child_pid
     for _ in range(2500):
+        if not init.alive:
+            raise OSError(errno.ESRCH, f"guest PID 1 ({child_pid}) exited while starting")
         inner = os.open(f"/proc/{child_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
         try:
             parent = fcntl.ioctl(inner, NS_GET_PARENT)
@@ -386,10 +394,17 @@ async def _until_nested(child_pid: int) -> None:
         if parent >= 0:
             nested = os.fstat(parent).st_ino != host_userns
             os.close(parent)
-            if nested:
+            if nested and init.alive:  # alive afterwards: the namespace was PID 1's own
                 return
         await asyncio.sleep(0.002)
     raise OSError(f"guest PID 1 ({child_pid}) never entered its user namespace")
+
+
+def _parent_pid(pid: int) -> int:
+    """The parent of ``pid`` from ``/proc/<pid>/stat`` (the field after the state letter; the
+    command name before it may hold spaces and parentheses, so split after its last ``)``)."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        return int(fh.read().rsplit(b")", 1)[1].split()[1])
 
 
 def _read_all(fd: int) -> bytes:
@@ -450,20 +465,42 @@ async def spawn(
 
 
 class GuestInit:
-    """The guest's PID 1 (bwrap's reaper; its only child sleeps) and the way into its namespaces."""
+    """The guest's PID 1 (bwrap's reaper; its only child sleeps) and the way into its namespaces.
 
-    def __init__(self, proc: asyncio.subprocess.Process, child_pid: int) -> None:
+    PID 1 is bwrap's child, not ours, so it is held by a pidfd (see ``pids``): its liveness,
+    its namespaces and its kill never go through a number another process may have taken."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, child_pid: int, pidfd: int) -> None:
         self.proc = proc
         self.child_pid = child_pid  # PID 1 of the guest, as the host numbers it
+        self._pidfd = pidfd  # -1 once closed
+
+    @classmethod
+    def adopt(cls, proc: asyncio.subprocess.Process, child_pid: int) -> GuestInit:
+        """Pin the PID 1 that bwrap (``proc``) reported. The pin is checked to be that bwrap's
+        child while bwrap is unreaped, so it cannot be a process that took the number."""
+        pidfd = pids.open_pidfd(child_pid)
+        if pidfd is None:
+            raise OSError(errno.ESRCH, f"guest PID 1 ({child_pid}) exited while starting")
+        try:
+            parent = _parent_pid(child_pid)
+            if proc.returncode is not None or pids.has_exited(pidfd) or parent != proc.pid:
+                raise OSError(errno.ESRCH, f"guest PID 1 ({child_pid}) exited while starting")
+        except BaseException:
+            os.close(pidfd)
+            raise
+        return cls(proc, child_pid, pidfd)
 
     @property
     def alive(self) -> bool:
-        return self.proc.returncode is None and os.path.exists(f"/proc/{self.child_pid}")
+        return self._pidfd >= 0 and self.proc.returncode is None and not pids.has_exited(self._pidfd)
 
     def namespace_fds(self) -> tuple[int, int, int]:
         """(outer user ns, guest user ns, PID ns). bwrap nests the guest's user namespace (uid
         1000) in the one that owns its PID namespace: an exec joins the outer one, then the PID
-        namespace, then switches to the inner one (bwrap's --userns, --pidns, --userns2)."""
+        namespace, then switches to the inner one (bwrap's --userns, --pidns, --userns2).
+        The files are opened by number and then checked against the pidfd: if PID 1 is still
+        running afterwards, they were its own."""
         fds: list[int] = []
         try:
             inner = os.open(f"/proc/{self.child_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
@@ -471,6 +508,8 @@ class GuestInit:
             fds.append(fcntl.ioctl(inner, NS_GET_PARENT))
             os.set_inheritable(fds[-1], False)
             fds.append(os.open(f"/proc/{self.child_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC))
+            if not self.alive:
+                raise OSError(errno.ESRCH, f"guest PID 1 ({self.child_pid}) has exited")
         except OSError:
             for fd in fds:
                 os.close(fd)
@@ -478,10 +517,17 @@ class GuestInit:
         return fds[1], fds[0], fds[2]
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(self.child_pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGKILL PID 1 (the kernel then kills its whole PID namespace) and the launcher's
+        group, then release the pin. Idempotent."""
+        if self._pidfd >= 0:
+            pids.send(self._pidfd, signal.SIGKILL)
+        pids.signal_own_group(self.proc, signal.SIGKILL)
+        self.close()
+
+    def close(self) -> None:
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
 
 
 class GuestProcess:
@@ -539,7 +585,9 @@ class GuestProcess:
     async def _reap(self) -> None:
         await self.exited
         if not self.isolation:
-            # background children of an unisolated guest would hold the pipes open forever
+            # Background children of an unisolated guest would hold the pipes open forever.
+            # The launcher is reaped by now, but while a member of its group lives the group's
+            # number cannot be handed on, and this runs in the loop turn after the reap.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
             return
@@ -585,9 +633,7 @@ class GuestProcess:
         return 128 - code if code < 0 else code
 
     def kill(self) -> None:
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        pids.signal_own_group(self.proc, signal.SIGKILL)
         self._registry.discard(self)
 
     async def close(self) -> None:

@@ -8,8 +8,7 @@ destroyed. ``destroyed`` and ``failed`` are terminal; their rows stay listed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
+import logging
 import secrets
 import signal
 import subprocess
@@ -20,11 +19,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from . import pids
 from .catalog import Shape
 from .cgroups import CgroupManager, SandboxCgroups
 from .envelope import ApiError
 from .guest import GuestLayout, GuestProcess
 from .images import Image
+
+log = logging.getLogger("createos.local")
 
 TERMINAL = frozenset({"destroyed", "failed"})
 PAUSED_LIKE = frozenset({"pausing", "paused", "resuming", "forking"})
@@ -286,8 +288,7 @@ class Store:
             return
         sig = signal.SIGSTOP if frozen else signal.SIGCONT
         for proc in sb.processes:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.proc.pid, sig)
+            pids.signal_own_group(proc.proc, sig)
 
     def destroy(self, sb: Sandbox) -> None:
         if sb.terminal:
@@ -317,6 +318,9 @@ class Store:
     @staticmethod
     def _kill(sb: Sandbox) -> None:
         """Kill every guest process (thawing frozen ones, which cannot die while frozen)."""
+        running = [proc for proc in sb.processes if proc.running]
+        if running:
+            log.info("deleting %s: killing its %d running exec(s)", sb.id, len(running))
         for proc in list(sb.processes):
             proc.kill()
         sb.cgroups.kill_all()
