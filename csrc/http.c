@@ -3,11 +3,8 @@
 #include "headers.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
-#include <time.h>
 
 char *cos_escape(const char *s)
 {

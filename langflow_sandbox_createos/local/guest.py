@@ -433,15 +433,9 @@ def pipe_fd(transport: asyncio.BaseTransport) -> int | None:
     for key in ("pipe", "socket"):
         obj = transport.get_extra_info(key)
         if obj is not None:
-            return int(obj.fileno())
+            fd = int(obj.fileno())
+            return fd if fd >= 0 else None
     return None
-
-
-def _known_fd(transport: asyncio.BaseTransport) -> int:
-    fd = pipe_fd(transport)
-    if fd is None or fd < 0:
-        raise LookupError("the pipe transport does not expose its file descriptor")
-    return fd
 
 
 class _ExitReportingProtocol(asyncio.subprocess.SubprocessStreamProtocol):
@@ -613,8 +607,11 @@ class GuestProcess:
             open_pipes = [p for p in pipes if p is not None and not p.is_closing()]
             if not open_pipes:
                 return  # both at end of file: nothing to cut
+            fds = [fd for fd in map(pipe_fd, open_pipes) if fd is not None]
             try:
-                pending = sum(_unread_bytes(_known_fd(p)) for p in open_pipes)
+                if len(fds) < len(open_pipes):
+                    raise LookupError("a pipe transport does not expose its descriptor")
+                pending = sum(_unread_bytes(fd) for fd in fds)
             except (OSError, LookupError):
                 # no way to tell what is unread: wait for the end of file instead (a
                 # background writer then keeps the exec open; output is never cut)

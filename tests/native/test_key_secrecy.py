@@ -3,58 +3,22 @@ wiped with the configuration."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-
 import pytest
 
 from langflow_sandbox_createos import _createos
 from langflow_sandbox_createos.local.testing import LocalControlPlane
+
+from .rawserver import RawServer
 
 E = _createos
 
 PROXY_VARS = ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY")
 
 
-class ListeningProxy:
-    """A socket that counts connections and keeps every byte it receives."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.received = b""
-        self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.connections += 1
-            with conn:
-                conn.settimeout(1.0)
-                with contextlib.suppress(OSError):
-                    self.received += conn.recv(65536)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
-
-
 def test_plain_http_never_goes_through_a_proxy(
     cp: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    proxy = ListeningProxy()
+    proxy = RawServer()  # a proxy: counts connections, keeps what it receives
     try:
         for var in PROXY_VARS:
             monkeypatch.setenv(var, proxy.url)

@@ -5,52 +5,15 @@ with the raw bytes a test gives it."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from langflow_sandbox_createos import _createos as E
 
+from .rawserver import RawServer
+
 KEY = "sk-server-bytes-test-key"
-
-
-class RawServer:
-    """Answers every request on a loopback port with ``self.response`` (raw bytes)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.response = b""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _serve(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.settimeout(5)
-                request = b""
-                while b"\r\n\r\n" not in request:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    request += chunk
-                conn.sendall(self.response)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
 
 
 @pytest.fixture
