@@ -55,7 +55,7 @@ test: $(STAMP) $(LANGFLOW_STAMP)
 
 # The native client's tests again, with ASan + UBSan (msgspec's recipe); the binding fuzzer
 # (tests/native/test_binding_fuzz.py) runs 1000 hostile calls there (BINDING_FUZZ_EXAMPLES); the
-# 64-thread run_program test runs 64 x 5 instead of 64 x 20 (STRESS_PER_THREAD).
+# 64-thread run_program test runs 64 x 5 instead of make test's 64 x 10 (STRESS_PER_THREAD).
 # allocator_may_return_null: a huge allocation is MemoryError, as with glibc's malloc.
 sanitize: $(STAMP)
 	rm -rf build/sanitize && CREATEOS_SANITIZE=1 $(VPY) setup.py -q build_ext --inplace --build-temp build/sanitize --force
