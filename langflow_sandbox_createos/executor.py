@@ -40,7 +40,7 @@ from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import executor_pool, runtime, settings
+from langflow_sandbox_createos import executor_flows, executor_pool, runtime, settings
 from langflow_sandbox_createos.executor_host import HostReplay, memory_seed
 from langflow_sandbox_createos.executor_protocol import (
     BOOTSTRAP,
@@ -495,6 +495,10 @@ class CreateOSExecutor(Executor):
             raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
         if dropped:
             logger.debug("CreateOS executor: what stays on the host: %s", ", ".join(sorted(dropped)))
+        try:
+            spec["runtime"]["flows"] = await executor_flows.resolve(spec["graph"], spec.get("user_id"))
+        except executor_flows.FlowReferenceError as exc:
+            raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
         replay = HostReplay(options.get("event_manager"), unit.graph, spec)
         spec["runtime"]["memory"] = await memory_seed(unit.graph, spec)
         secrets_inline = inline_secrets(spec["graph"])

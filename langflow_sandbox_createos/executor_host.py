@@ -15,6 +15,8 @@ from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError
 
+from langflow_sandbox_createos import executor_flows
+
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
 # How many of the session's most recent messages the guest gets, for Message History.
@@ -61,10 +63,16 @@ class HostReplay:
         self.allowed = frozenset(spec.get("events") or ())
         live = graph is not None and not isinstance(graph, (str, bytes, Mapping))
         self.flow_id = spec.get("flow_id")
+        # the flows its Run Flow / Sub Flow nodes were given: their messages keep their flow id
+        runtime = spec.get("runtime")
+        self.subflows = executor_flows.flow_ids(
+            runtime.get("flows") if isinstance(runtime, Mapping) else None
+        )
         self.owner = _owner(graph) if live else None
         run_id = getattr(graph, "_run_id", None) if live else None  # the property raises when unset
         self.run_id = str(run_id) if run_id else None
         self.ids: dict[str, str] = {}  # guest message id -> host message id
+        self.flows: dict[str, Any] = {}  # host message id -> the flow it was stored under
         self.stored = 0
 
     async def handle(self, frame: Mapping[str, Any]) -> bool:
@@ -125,13 +133,23 @@ class HostReplay:
         message = self._message(frame)
         guest_id = str(message.id) if message.id else None
         message.id = None  # the host's memory gives it its own id
-        message.flow_id = self.flow_id
+        message.flow_id = self._flow_of(message)
         if self.run_id:
             message.run_id = self.run_id
-        stored = await astore_message(message, flow_id=self.flow_id, run_id=self.run_id, user_id=self.owner)
+        stored = await astore_message(
+            message, flow_id=message.flow_id, run_id=self.run_id, user_id=self.owner
+        )
         if guest_id and stored and getattr(stored[0], "id", None):
             self.ids[guest_id] = str(stored[0].id)
+            self.flows[str(stored[0].id)] = message.flow_id
         self.stored += 1
+
+    def _flow_of(self, message: Any) -> Any:
+        """The run's flow, or a subflow the host resolved for this run (in-process, a Run Flow
+        target's messages are stored under the target's id). Any other id the guest names is
+        replaced: a guest cannot write into another flow's history."""
+        claimed = str(message.flow_id) if message.flow_id else None
+        return claimed if claimed in self.subflows else self.flow_id
 
     async def _update(self, frame: Mapping[str, Any]) -> None:
         from lfx.memory import aupdate_messages
@@ -141,7 +159,7 @@ class HostReplay:
         if host_id is None:  # never stored here (the guest's own seed or an ephemeral message)
             return
         message.id = host_id
-        message.flow_id = self.flow_id
+        message.flow_id = self.flows.get(host_id, self.flow_id)
         await aupdate_messages([message])
 
     async def _delete(self, frame: Mapping[str, Any]) -> None:

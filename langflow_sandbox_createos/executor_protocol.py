@@ -21,6 +21,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from langflow_sandbox_createos import executor_flows
+
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
 MAGIC = "LFXF1"
@@ -126,28 +128,6 @@ def serialize_graph(graph: Any) -> tuple[dict[str, Any], str | None, str | None]
         (str(flow_id) if flow_id else None),
         (str(flow_name) if flow_name else None),
     )
-
-
-# Components that load other flows from Langflow's database by name or id at run time.
-_FLOW_LOADERS = (
-    "RunFlowBaseComponent",
-    "class RunFlowComponent",
-    "class SubFlowComponent",
-    "class FlowToolComponent",
-)
-
-
-def flow_loaders(payload: Mapping[str, Any]) -> list[str]:
-    """Ids of nodes (Run Flow, Sub Flow, Flow as Tool) that need Langflow's flow database."""
-    found = []
-    for node in payload.get("nodes", []):
-        try:
-            code = node["data"]["node"]["template"]["code"]["value"]
-        except (KeyError, TypeError):
-            continue
-        if isinstance(code, str) and any(marker in code for marker in _FLOW_LOADERS):
-            found.append(str(node.get("id")))
-    return found
 
 
 def inline_secrets(payload: Mapping[str, Any]) -> list[str]:
@@ -272,14 +252,10 @@ def build_spec(
 ) -> tuple[dict[str, Any], list[str]]:
     """The run spec and the names of what stayed on the host (options, unencodable fields)."""
     payload, flow_id, flow_name = serialize_graph(graph)
-    loaders = flow_loaders(payload)
-    if loaders:
-        raise SpecError(
-            f"node(s) {', '.join(loaders)} (Run Flow, Sub Flow or Flow as Tool) load other flows from "
-            "Langflow's database, which a guest does not have, so this flow cannot run in one. Run it "
-            "in-process (unset LANGFLOW_EXECUTOR_KIND). A Run Flow on the canvas still works: the "
-            "subflow it loads on the server is sent to a guest whole."
-        )
+    try:
+        executor_flows.references(payload)  # a loader whose target only the run decides: refused now
+    except executor_flows.FlowReferenceError as exc:
+        raise SpecError(str(exc)) from None
     dropped: list[str] = []
     mode = "runs"
     raw_inputs: list[Any] = list(inputs or [])

@@ -359,6 +359,226 @@ def _install_memory(frames: Frames, seed: list[Any]) -> None:
     lfx.memory._impl = lambda: memory  # every lfx.memory function dispatches through _impl()
 
 
+_FLOW_MODULES = (
+    "lfx.helpers",
+    "lfx.helpers.flow",
+    "lfx.custom.custom_component.custom_component",
+    "langflow.helpers.flow",
+    "langflow.helpers",
+    "lfx.base.tools.run_flow",
+)
+_REFUSED = "createos_refused"  # marks the stand-in payload of a flow the policy refused
+
+
+def _recorded_error(error: dict[str, Any]) -> BaseException:
+    """The exception the host's lookup raised, raised again here with its message."""
+    from lfx.utils.flow_validation import CustomComponentValidationError
+
+    kinds: dict[str, type[BaseException]] = {
+        "ValueError": ValueError,
+        "CustomComponentValidationError": CustomComponentValidationError,
+    }
+    kind = kinds.get(str(error.get("type")))
+    message = str(error.get("message"))
+    return kind(message) if kind else RuntimeError(f"{error.get('type')}: {message}")
+
+
+def _flow_api(catalogue: dict[str, Any]) -> dict[str, Any]:
+    """Langflow's flow lookups, answered from the flows the host resolved for this run
+    (executor_flows.resolve), with the validation and errors of `langflow.helpers.flow`."""
+    import copy
+    from contextlib import asynccontextmanager
+    from types import SimpleNamespace
+    from uuid import UUID
+
+    from lfx.schema.data import Data
+    from lfx.schema.schema import INPUT_FIELD_NAME
+
+    lookups: dict[str, Any] = catalogue.get("lookups") or {}
+    owner = catalogue.get("user_id")
+    superuser = bool(catalogue.get("superuser"))
+
+    def entry_for(user_id: Any, flow_id: Any, flow_name: Any) -> dict[str, Any]:
+        if not user_id:
+            raise ValueError("Session is invalid")
+        if not (flow_id or flow_name):
+            raise ValueError("Flow ID or Flow Name is required")
+        key = f"id:{flow_id}" if flow_id else f"name:{flow_name}"
+        if str(user_id) != str(owner) or key not in lookups:
+            raise RuntimeError(
+                f"flow {flow_id or flow_name!r} was not resolved on the server before this run: the "
+                "CreateOS executor gives a guest only the flows its Run Flow, Sub Flow and Flow as "
+                "Tool nodes name, for the user running it"
+            )
+        entry = lookups[key]
+        if "error" in entry:
+            raise _recorded_error(entry["error"])
+        if entry.get("missing"):
+            raise ValueError(f"Flow {flow_id or flow_name} not found")
+        return entry
+
+    def as_data(entry: dict[str, Any]) -> Any:
+        payload = entry.get("payload")
+        if payload is None:  # refused by the policy: get_graph's policy check raises its error
+            payload = {"nodes": [], "edges": [], _REFUSED: f"id:{entry['id']}"}
+        return Data(data={**entry.get("meta", {}), "id": entry["id"], "name": entry["name"], "data": payload})
+
+    def build(entry: dict[str, Any], user_id: Any, tweaks: Any) -> Any:
+        from lfx.graph import Graph
+
+        if "policy_error" in entry:
+            raise _recorded_error(entry["policy_error"])
+        payload = copy.deepcopy(entry["payload"])
+        if tweaks:
+            from lfx.processing.process import process_tweaks
+
+            payload = process_tweaks(graph_data=payload, tweaks=tweaks, caller_supplied=False)
+        return Graph.from_payload(payload, flow_id=entry["id"], user_id=str(user_id))
+
+    @asynccontextmanager
+    async def scoped_model_provider_policy_for_target_flow(
+        *, user_id: Any, flow_id: Any = None, flow_name: Any = None
+    ):
+        entry = entry_for(user_id, flow_id, flow_name)
+        yield SimpleNamespace(
+            id=UUID(entry["id"]), name=entry["name"], user_id=owner, data=entry.get("payload")
+        )
+
+    async def get_flow_by_id_or_name(
+        *, user_id: Any = None, flow_id: Any = None, flow_name: Any = None
+    ) -> Any:
+        try:
+            return as_data(entry_for(user_id, flow_id, flow_name))
+        except ValueError as exc:
+            if str(exc) in ("Session is invalid", "Flow ID or Flow Name is required"):
+                raise
+            return None
+
+    async def get_user_is_superuser(user_id: Any) -> bool:
+        return superuser and bool(user_id) and str(user_id) == str(owner)
+
+    async def list_flows(*, user_id: Any = None) -> list[Any]:
+        if not user_id:
+            raise ValueError("Session is invalid")
+        if str(user_id) != str(owner):
+            return []
+        unique = {entry["id"]: entry for entry in lookups.values() if entry.get("id")}
+        return [as_data(entry) for entry in unique.values()]
+
+    async def find_flow(flow_name: str, user_id: str) -> Any:
+        entry = lookups.get(f"name:{flow_name}") if str(user_id) == str(owner) else None
+        return UUID(entry["id"]) if entry and entry.get("id") else None
+
+    async def load_flow(user_id: Any, flow_id: Any = None, flow_name: Any = None, tweaks: Any = None) -> Any:
+        return build(entry_for(user_id, flow_id, flow_name), user_id, tweaks)
+
+    async def by_folder(**_: Any) -> list[Any]:
+        raise RuntimeError(
+            "listing the flows of a folder needs Langflow's database, which a CreateOS executor guest "
+            "does not have; run this flow in-process (unset LANGFLOW_EXECUTOR_KIND)"
+        )
+
+    async def run_flow(
+        inputs: Any = None,
+        tweaks: Any = None,
+        flow_id: Any = None,
+        flow_name: Any = None,
+        output_type: Any = "chat",
+        user_id: Any = None,
+        run_id: Any = None,
+        session_id: Any = None,
+        graph: Any = None,
+        execution_principal: Any = None,
+    ) -> Any:
+        """langflow.helpers.flow.run_flow, with the target from the shipped flows."""
+        if user_id is None:
+            raise ValueError("Session is invalid")
+        graph_flow_id = getattr(graph, "flow_id", None) if graph is not None else None
+        if flow_id is not None and graph_flow_id is not None and str(flow_id) != str(graph_flow_id):
+            raise ValueError("Provided flow ID does not match the graph's target flow")
+        target_id = flow_id or graph_flow_id
+        target_name = flow_name or (getattr(graph, "flow_name", None) if graph is not None else None)
+        entry = entry_for(user_id, target_id, target_name)
+        if graph is None:
+            graph = build(entry, user_id, tweaks)
+        if run_id:
+            graph.set_run_id(UUID(str(run_id)))
+        if session_id:
+            graph.session_id = session_id
+        graph.user_id = str(user_id)
+        if execution_principal is not None:
+            graph.execution_principal = execution_principal
+        items = [] if inputs is None else [inputs] if isinstance(inputs, dict) else list(inputs)
+        outputs = [
+            vertex.id
+            for vertex in graph.vertices
+            if output_type == "debug"
+            or (vertex.is_output and (output_type == "any" or str(output_type) in vertex.id.lower()))
+        ]
+        try:
+            from lfx.run.hitl import raise_if_nested_hitl_unsupported
+        except ImportError:  # an lfx without human-in-the-loop
+            pass
+        else:
+            raise_if_nested_hitl_unsupported(graph)
+        return await graph.arun(
+            [{INPUT_FIELD_NAME: item.get("input_value")} for item in items],
+            outputs=outputs,
+            inputs_components=[item.get("components", []) for item in items],
+            types=[item.get("type", "chat") for item in items],
+            fallback_to_env_vars=bool(catalogue.get("fallback_to_env_var")),
+        )
+
+    async def prepare_flow_build_for_user(target: Any, *, is_superuser: bool) -> Any:
+        """The host already applied the policy to every shipped flow: a refused one raises
+        the host's refusal here, where in-process it would have raised."""
+        key = target.get(_REFUSED) if isinstance(target, dict) else None
+        if key:
+            raise _recorded_error(lookups[key]["policy_error"])
+        return None
+
+    return {
+        "scoped_model_provider_policy_for_target_flow": scoped_model_provider_policy_for_target_flow,
+        "get_flow_by_id_or_name": get_flow_by_id_or_name,
+        "get_user_is_superuser": get_user_is_superuser,
+        "list_flows": list_flows,
+        "find_flow": find_flow,
+        "load_flow": load_flow,
+        "run_flow": run_flow,
+        "list_flows_by_flow_folder": by_folder,
+        "list_flows_by_folder_id": by_folder,
+        "list_a2a_agents_by_flow_folder": by_folder,
+        "prepare_flow_build_for_user": prepare_flow_build_for_user,
+        "custom_component_admin_only_enabled": lambda: catalogue.get("admin_only_enabled"),
+        "admin_only_build_required": lambda *, is_superuser: (
+            bool(catalogue.get("admin_only")) if bool(is_superuser) == superuser else True
+        ),
+    }
+
+
+def _install_flows(catalogue: dict[str, Any]) -> None:
+    """Point every module that bound Langflow's flow lookups at the shipped flows. Only the
+    policy hooks of the Run Flow module are replaced: elsewhere they keep lfx's own."""
+    import importlib
+
+    api = _flow_api(catalogue)
+    policy = (
+        "prepare_flow_build_for_user",
+        "custom_component_admin_only_enabled",
+        "admin_only_build_required",
+    )
+    for name in _FLOW_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # no Langflow in this guest (Run Flow then fails to import, as in-process)
+            continue
+        for attr, function in api.items():
+            if attr in policy and name != "lfx.base.tools.run_flow":
+                continue
+            if hasattr(module, attr):
+                setattr(module, attr, function)
+
+
 def _apply_state(graph: Any, vertices: dict[str, dict[str, Any]]) -> None:
     """Give each rebuilt vertex the runtime values the host's vertex holds, where the flow
     JSON did not already give it the same value (handle fields, live-component values,
@@ -456,6 +676,8 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
     opts = spec.get("options") or {}
     runtime = pickle.loads(base64.b64decode(spec["runtime"])) if spec.get("runtime") else {}
     _install_memory(frames, runtime.get("memory") or [])
+    if runtime.get("flows") is not None:  # the flows its Run Flow / Sub Flow nodes load
+        _install_flows(runtime["flows"])
     graph = Graph.from_payload(
         spec["graph"],
         flow_id=spec.get("flow_id"),

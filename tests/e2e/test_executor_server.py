@@ -42,12 +42,12 @@ def loop_flow() -> dict[str, Any]:
     return Graph(chat_in, body).dump()["data"]
 
 
-def chat_flow() -> dict[str, Any]:
+def chat_flow(input_id: str = "ChatInput-e2e11", output_id: str = "ChatOutput-e2e12") -> dict[str, Any]:
     from lfx.components.input_output import ChatInput, ChatOutput
     from lfx.graph import Graph
 
-    chat_in = ChatInput(_id="ChatInput-e2e11")
-    chat_out = ChatOutput(_id="ChatOutput-e2e12")
+    chat_in = ChatInput(_id=input_id)
+    chat_out = ChatOutput(_id=output_id)
     chat_out.set(input_value=chat_in.message_response)
     return Graph(chat_in, chat_out).dump()["data"]
 
@@ -158,3 +158,116 @@ def test_session_messages_are_stored_on_the_host_as_in_process(
         ("User", "second", True),
     ]
     assert remote == run_session_flow(langflow_server)
+
+
+# --- Run Flow: the target flow is looked up on the server, shipped, and run in the guest ------
+
+
+def component(catalogue: dict[str, Any], name: str) -> dict[str, Any]:
+    """A component's node as the canvas gets it from `/api/v1/all`."""
+    return next(c[name] for c in catalogue.values() if isinstance(c, dict) and name in c)
+
+
+def canvas_subflow(catalogue: dict[str, Any]) -> dict[str, Any]:
+    """ChatInput -> ChatOutput with the field order the canvas gives a dropped Chat Input,
+    which is how Run Flow knows which of the target's fields to offer."""
+    flow = chat_flow("ChatInput-sub01", "ChatOutput-sub02")
+    for node in flow["nodes"]:
+        node["data"]["node"]["field_order"] = component(catalogue, node["data"]["type"])["field_order"]
+    return flow
+
+
+def run_flow_node(client: Any, catalogue: dict[str, Any], name: str, flow_id: str) -> dict[str, Any]:
+    """A Run Flow node with `name` chosen, as the canvas makes it: Langflow's own component
+    template, then the server's update call for the chosen flow, which adds the target's
+    inputs and outputs (`ChatInput-sub01~input_value`, `ChatOutput-sub02~message`)."""
+    node = component(catalogue, "RunFlow")
+    template = node["template"]
+    template["flow_name_selected"]["value"] = name
+    template["flow_id_selected"]["value"] = flow_id
+    body = {
+        "code": template["code"]["value"],
+        "template": template,
+        "field": "flow_name_selected",
+        "field_value": name,
+        "tool_mode": False,
+    }
+    return client.request("POST", "/api/v1/custom_component/update", body)
+
+
+def edge(source: str, output: str, target: str, field: str) -> dict[str, Any]:
+    return {
+        "source": source,
+        "target": target,
+        "data": {
+            "sourceHandle": {
+                "dataType": source.split("-")[0],
+                "id": source,
+                "name": output,
+                "output_types": ["Message"],
+            },
+            "targetHandle": {"fieldName": field, "id": target, "inputTypes": ["Message"], "type": "str"},
+        },
+    }
+
+
+def run_flow_parent(node: dict[str, Any]) -> dict[str, Any]:
+    """ChatInput -> Run Flow (the subflow's input) -> ChatOutput (the subflow's output)."""
+    outer = chat_flow("ChatInput-rf01", "ChatOutput-rf03")
+    field = next(name for name in node["template"] if name.endswith("~input_value"))
+    output = next(o["name"] for o in node["outputs"] if o["name"].endswith("~message"))
+    runner = {
+        "id": "RunFlow-rf02",
+        "type": "genericNode",
+        "data": {"id": "RunFlow-rf02", "type": "RunFlow", "node": node},
+    }
+    outer["nodes"].append(runner)
+    outer["edges"] = [
+        edge("ChatInput-rf01", "message", "RunFlow-rf02", field),
+        edge("RunFlow-rf02", output, "ChatOutput-rf03", "input_value"),
+    ]
+    return outer
+
+
+def run_subflow(server: LangflowServer) -> dict[str, Any]:
+    """A flow whose Run Flow node runs a stored flow, through /api/v1/run and ?stream=true:
+    answers, event types, and the messages stored for both flows."""
+    client = server.client()
+    tag = uuid.uuid4().hex[:8]
+    catalogue = client.request("GET", "/api/v1/all")
+    sub = client.create_flow({"name": f"executor-sub-{tag}", "data": canvas_subflow(catalogue)})
+    node = run_flow_node(client, catalogue, sub["name"], sub["id"])
+    parent_id = client.create_flow({"name": f"executor-runflow-{tag}", "data": run_flow_parent(node)})["id"]
+    before = executor_guests(server)
+    body = {
+        "input_value": "via subflow",
+        "input_type": "chat",
+        "output_type": "chat",
+        "session_id": f"rf-{tag}",
+    }
+    answer = json.loads(post(server, client, f"/api/v1/run/{parent_id}", body))
+    streamed = post(
+        server, client, f"/api/v1/run/{parent_id}?stream=true", {**body, "session_id": f"rf2-{tag}"}
+    )
+    stored = []
+    for which, flow_id in (("parent", parent_id), ("sub", sub["id"])):
+        for m in client.request("GET", f"/api/v1/monitor/messages?flow_id={flow_id}"):
+            stored.append((which, m["sender"], m["text"], (m["session_id"] or "").split("-")[0]))
+    return {
+        "texts": [o["outputs"][0]["results"]["message"]["text"] for o in answer["outputs"]],
+        "events": stream_events(streamed),
+        "stored": sorted(stored),
+        "guests": len(executor_guests(server) - before),
+    }
+
+
+def test_run_flow_loads_its_target_on_the_server_and_runs_it_in_the_guest(
+    executor_server: LangflowServer, langflow_server: LangflowServer
+) -> None:
+    remote = run_subflow(executor_server)
+    local = run_subflow(langflow_server)
+    assert remote["texts"] == ["via subflow"], remote
+    assert (remote["guests"], local["guests"]) == (2, 0)  # one guest per run; the subflow ran inside it
+    assert remote["events"] == local["events"]
+    assert remote["stored"] == local["stored"]
+    assert {which for which, *_ in remote["stored"]} == {"parent", "sub"}, remote["stored"]

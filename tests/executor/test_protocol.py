@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from lfx.schema.schema import InputValueRequest
 
+from langflow_sandbox_createos import executor_flows
 from langflow_sandbox_createos.executor import CreateOSExecutor
 from langflow_sandbox_createos.executor_protocol import (
     BOOTSTRAP,
@@ -289,24 +290,65 @@ async def test_guest_events_reach_only_registered_callbacks() -> None:
     assert not await replay.handle({"t": "vertex"})  # not a host-side effect: left to the executor
 
 
-def test_flows_that_load_other_flows_are_refused_by_name() -> None:
-    """Run Flow needs Langflow's flow database, which a guest lacks: refused, never silently wrong."""
+def _loader(node_id: str, code: str, **values: str) -> dict[str, Any]:
+    template: dict[str, Any] = {"code": {"value": code}}
+    template.update({name: {"value": value} for name, value in values.items()})
+    return {"id": node_id, "data": {"node": {"template": template}}}
+
+
+RUN_FLOW_CODE = "from lfx.base.tools.run_flow import RunFlowBaseComponent\nclass RunFlowComponent(RunFlowBaseComponent): ..."
+
+
+def test_run_flow_and_sub_flow_targets_are_read_from_the_flow() -> None:
+    """The flows a run loads are named in its loader nodes: by id (Run Flow) or by name."""
     flow = {
         "nodes": [
-            {
-                "id": "RunFlow-abc",
-                "data": {
-                    "node": {
-                        "template": {"code": {"value": "class RunFlowComponent(RunFlowBaseComponent): ..."}}
-                    }
-                },
-            },
-            {
-                "id": "ChatOutput-1",
-                "data": {"node": {"template": {"code": {"value": "class ChatOutput(Component): ..."}}}},
-            },
+            _loader("RunFlow-a", RUN_FLOW_CODE, flow_id_selected="f-1", flow_name_selected="one"),
+            _loader("RunFlow-b", RUN_FLOW_CODE, flow_name_selected="two"),
+            _loader(
+                "SubFlow-c", "class SubFlowComponent(Component): ... self.alist_flows()", flow_name="three"
+            ),
+            _loader("ChatOutput-d", "class ChatOutput(Component): ..."),
         ],
         "edges": [],
     }
-    with pytest.raises(SpecError, match=r"RunFlow-abc .*Langflow's database"):
+    refs = executor_flows.references(flow)
+    assert [(r.node, r.key) for r in refs] == [
+        ("RunFlow-a", "id:f-1"),
+        ("RunFlow-b", "name:two"),
+        ("SubFlow-c", "name:three"),
+    ]
+    build_spec(flow, [], {})  # accepted: the host resolves them before the guest starts
+
+
+@pytest.mark.parametrize(
+    ("node", "edges", "why"),
+    [
+        (_loader("RunFlow-x", RUN_FLOW_CODE), [], "not set"),
+        (
+            _loader("RunFlow-x", RUN_FLOW_CODE, flow_name_selected="one"),
+            [{"target": "RunFlow-x", "data": {"targetHandle": {"fieldName": "flow_name_selected"}}}],
+            "connected from another node",
+        ),
+        (
+            _loader(
+                "Custom-x", "class Mine(Component):\n    async def go(self): return await self.alist_flows()"
+            ),
+            [],
+            "looks flows up",
+        ),
+    ],
+)
+def test_a_target_only_the_run_decides_is_refused_by_name(node: Any, edges: Any, why: str) -> None:
+    """A flow the host cannot resolve before the run is refused, never run wrong."""
+    flow = {"nodes": [node], "edges": edges}
+    with pytest.raises(SpecError, match=rf"{node['id']} \(.*{why}.*LANGFLOW_EXECUTOR_KIND"):
         build_spec(flow, [], {})
+
+
+@pytest.mark.anyio
+async def test_without_langflow_the_catalogue_is_empty() -> None:
+    """lfx alone has no flow database: the guest's lookups find nothing, as lfx's stubs."""
+    flow = {"nodes": [_loader("RunFlow-a", RUN_FLOW_CODE, flow_name_selected="one")], "edges": []}
+    assert await executor_flows.resolve({"nodes": [], "edges": []}, "u") is None
+    assert await executor_flows.resolve(flow, "u") == {"user_id": "u", "lookups": {}, "langflow": False}
