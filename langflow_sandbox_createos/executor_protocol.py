@@ -232,12 +232,26 @@ def event_names(event_manager: Any) -> list[str]:
 def _identity(graph: Any, runtime_options: Mapping[str, Any], flow_id: Any, flow_name: Any) -> dict[str, Any]:
     session_id = runtime_options.get("session_id") or getattr(graph, "session_id", None) or None
     user_id = getattr(graph, "user_id", None)
+    run_id = getattr(graph, "_run_id", None)  # the `run_id` property raises while it is unset
     return {
         "session_id": str(session_id) if session_id else None,
         "user_id": str(user_id) if user_id else None,
         "flow_id": flow_id,
         "flow_name": flow_name,
+        "run_id": str(run_id) if run_id else None,
+        # in-process, a component stamps `session_metadata.graph_run_id` on the messages it
+        # stores when the process has a tracing service (Langflow's server has one)
+        "stamp_graph_run_id": _has_tracing(),
     }
+
+
+def _has_tracing() -> bool:
+    try:
+        from lfx.services.deps import get_tracing_service
+
+        return get_tracing_service() is not None
+    except Exception:  # an lfx without services: no stamp, as in-process
+        return False
 
 
 def _start_id(graph: Any) -> str | None:

@@ -289,12 +289,13 @@ class _Memory:
     spec) plus the ones this run stores. Each store/update/delete is also sent to the host
     as a frame, and the host performs it on its own memory (Langflow's database)."""
 
-    def __init__(self, frames: Frames, seed: list[Any]) -> None:
+    def __init__(self, frames: Frames, seed: list[Any], stamp_run_id: bool = False) -> None:
         from lfx.memory import stubs
 
         self.frames = frames
         self.stubs = stubs
         self.messages: list[Any] = list(seed)
+        self.stamp_run_id = stamp_run_id
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stubs, name)
@@ -302,6 +303,10 @@ class _Memory:
     async def astore_message(
         self, message: Any, flow_id: Any = None, run_id: Any = None, user_id: Any = None
     ):
+        if self.stamp_run_id and run_id:  # what the host's tracing service makes a component add
+            metadata = dict(message.session_metadata or {})
+            metadata.setdefault("graph_run_id", str(run_id))
+            message.session_metadata = metadata
         stored = await self.stubs.astore_message(message, flow_id=flow_id, run_id=run_id, user_id=user_id)
         from lfx.memory.flow_context import should_persist_messages
 
@@ -352,10 +357,10 @@ class _Memory:
         return found
 
 
-def _install_memory(frames: Frames, seed: list[Any]) -> None:
+def _install_memory(frames: Frames, seed: list[Any], stamp_run_id: bool = False) -> None:
     import lfx.memory
 
-    memory = _Memory(frames, seed)
+    memory = _Memory(frames, seed, stamp_run_id)
     lfx.memory._impl = lambda: memory  # every lfx.memory function dispatches through _impl()
 
 
@@ -675,7 +680,7 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
 
     opts = spec.get("options") or {}
     runtime = pickle.loads(base64.b64decode(spec["runtime"])) if spec.get("runtime") else {}
-    _install_memory(frames, runtime.get("memory") or [])
+    _install_memory(frames, runtime.get("memory") or [], bool(spec.get("stamp_graph_run_id")))
     if runtime.get("flows") is not None:  # the flows its Run Flow / Sub Flow nodes load
         _install_flows(runtime["flows"])
     graph = Graph.from_payload(
@@ -689,6 +694,10 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
     session_id = spec.get("session_id")
     if session_id:
         graph.session_id = session_id
+    if spec.get("run_id"):  # the host's run id: its messages and their graph_run_id carry it
+        from uuid import UUID
+
+        graph.set_run_id(UUID(spec["run_id"]))
     _apply_state(graph, runtime.get("vertices") or {})
     _set_start(graph, spec.get("start_component_id"))
     events = _relay_event_manager(frames, spec["events"]) if spec.get("events") is not None else None
