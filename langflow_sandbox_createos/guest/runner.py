@@ -695,9 +695,7 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
     if session_id:
         graph.session_id = session_id
     if spec.get("run_id"):  # the host's run id: its messages and their graph_run_id carry it
-        from uuid import UUID
-
-        graph.set_run_id(UUID(spec["run_id"]))
+        graph.set_run_id(str(spec["run_id"]))
     _apply_state(graph, runtime.get("vertices") or {})
     _set_start(graph, spec.get("start_component_id"))
     events = _relay_event_manager(frames, spec["events"]) if spec.get("events") is not None else None
