@@ -72,6 +72,9 @@ EXEC_GRACE_SECONDS = 30.0
 # instead of travelling on stdin, whose size limit the API leaves undocumented.
 STDIN_SPEC_MAX_BYTES = 4 * 1024 * 1024
 SPEC_DIR = "/workspace/.createos-run"
+# Where the host answers a stored message with its id in the host's memory (the guest's
+# private /tmp; the runner reads each answer once and removes it).
+REPLY_DIR = "/tmp/.createos-run"
 # How long a pooled runner may take to confirm it picked up the uploaded spec.
 ACCEPT_SECONDS = 30.0
 # How long closing the stream waits for the guest delete before returning anyway.
@@ -399,6 +402,15 @@ class _Run:
         document = {"runner": runner_source(), "token": self.token, "spec_path": path}
         return json.dumps(document, separators=(",", ":"))
 
+    async def reply(self, number: int, answer: Mapping[str, Any]) -> None:
+        """Answer the guest's stored message `number` (it waits for this before its flow goes on)."""
+        data = json.dumps(dict(answer), separators=(",", ":")).encode()
+        native = runtime._native()
+        try:
+            await asyncio.to_thread(self.client.upload, self.sandbox_id, f"{REPLY_DIR}/reply-{number}", data)
+        except native.CreateOSError as exc:
+            raise runtime.to_lfx_error(exc, "answer a stored message in the executor guest") from None
+
     def start_exec(self, stdin: str) -> None:
         threading.Thread(
             target=self._exec_blocking, args=(stdin,), name="createos-executor-exec", daemon=True
@@ -516,6 +528,7 @@ class CreateOSExecutor(Executor):
             raise SandboxUnavailableError(str(exc)) from None
         endpoint = runtime.endpoints.get()
         spec["timeout"] = cfg.timeout_seconds
+        spec["reply_dir"] = REPLY_DIR
         if cfg.install_lfx and not guest_knowledge.known_good(endpoint.base_url, cfg.rootfs):
             spec["install"] = _install_request(cfg)
 
@@ -528,6 +541,7 @@ class CreateOSExecutor(Executor):
                 run = _Run(endpoint.client, cfg, spec)
                 await run.create()
                 run.start_exec(await run.stage())
+            replay.reply = run.reply
             frames: dict[str, Mapping[str, Any]] = {}
             async for kind, item in _reports(run, early):
                 if kind == "error":

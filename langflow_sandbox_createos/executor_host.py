@@ -10,7 +10,7 @@ whatever the guest says, so a guest cannot write into another user's or flow's h
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError
@@ -73,6 +73,8 @@ class HostReplay:
         self.run_id = str(run_id) if run_id else None
         self.ids: dict[str, str] = {}  # guest message id -> host message id
         self.flows: dict[str, Any] = {}  # host message id -> the flow it was stored under
+        # answers a stored message with its host id: (the guest's number for it, the answer)
+        self.reply: Callable[[int, Mapping[str, Any]], Awaitable[None]] | None = None
         self.stored = 0
 
     async def handle(self, frame: Mapping[str, Any]) -> bool:
@@ -139,10 +141,18 @@ class HostReplay:
         stored = await astore_message(
             message, flow_id=message.flow_id, run_id=self.run_id, user_id=self.owner
         )
-        if guest_id and stored and getattr(stored[0], "id", None):
-            self.ids[guest_id] = str(stored[0].id)
-            self.flows[str(stored[0].id)] = message.flow_id
+        host_id = str(stored[0].id) if stored and getattr(stored[0], "id", None) else None
+        if host_id:
+            self.ids[host_id] = host_id  # the guest goes on with the host's id (see below)
+            if guest_id:
+                self.ids[guest_id] = host_id
+            self.flows[host_id] = message.flow_id
         self.stored += 1
+        number = frame.get("reply")
+        if self.reply is not None and isinstance(number, int) and 0 < number < 1 << 31:
+            # In-process, the next vertex sees the stored message with its database id: the
+            # guest waits for this answer before its flow goes on.
+            await self.reply(number, {"id": host_id})
 
     def _flow_of(self, message: Any) -> Any:
         """The run's flow, or a subflow the host resolved for this run (in-process, a Run Flow

@@ -41,6 +41,8 @@ EXIT_FAILED = 1
 VERTEX_FRAME_MAX = 512 * 1024  # a bigger vertex event is sent without its results
 TEXT_MAX = 4000
 INSTALL_TARGET = "/workspace/.createos-lfx"
+REPLY_WAIT_SECONDS = 60.0  # for the host's answer to a stored message
+REPLY_POLL_SECONDS = 0.002
 
 
 class Frames:
@@ -289,13 +291,34 @@ class _Memory:
     spec) plus the ones this run stores. Each store/update/delete is also sent to the host
     as a frame, and the host performs it on its own memory (Langflow's database)."""
 
-    def __init__(self, frames: Frames, seed: list[Any], stamp_run_id: bool = False) -> None:
+    def __init__(
+        self, frames: Frames, seed: list[Any], stamp_run_id: bool = False, reply_dir: str | None = None
+    ) -> None:
         from lfx.memory import stubs
 
         self.frames = frames
         self.stubs = stubs
         self.messages: list[Any] = list(seed)
         self.stamp_run_id = stamp_run_id
+        self.reply_dir = reply_dir
+        self.asked = 0
+
+    async def _host_id(self, number: int) -> Any:
+        """The id the host's memory gave stored message `number` (uploaded by the host)."""
+        import asyncio
+
+        path = f"{self.reply_dir}/reply-{number}"
+        deadline = time.monotonic() + REPLY_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                with open(path, "rb") as handle:
+                    answer = json.loads(handle.read())
+            except (FileNotFoundError, ValueError):  # not there yet, or still being written
+                await asyncio.sleep(REPLY_POLL_SECONDS)
+                continue
+            os.unlink(path)
+            return answer.get("id") if isinstance(answer, dict) else None
+        raise RuntimeError(f"the host did not confirm a stored message within {REPLY_WAIT_SECONDS} s")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stubs, name)
@@ -312,8 +335,14 @@ class _Memory:
 
         if should_persist_messages():
             for item in stored:
+                self.asked += 1
+                number = self.asked if self.reply_dir else None
+                self.frames.emit("store", message=_jsonable(item.model_dump()), reply=number)
+                if number is not None:  # as in-process, the flow goes on with the stored id
+                    host_id = await self._host_id(number)
+                    if host_id:
+                        item.id = host_id
                 self.messages.append(item)
-                self.frames.emit("store", message=_jsonable(item.model_dump()))
         return stored
 
     async def aupdate_messages(self, messages: Any) -> list[Any]:
@@ -357,10 +386,10 @@ class _Memory:
         return found
 
 
-def _install_memory(frames: Frames, seed: list[Any], stamp_run_id: bool = False) -> None:
+def _install_memory(frames: Frames, seed: list[Any], stamp_run_id: bool, reply_dir: str | None) -> None:
     import lfx.memory
 
-    memory = _Memory(frames, seed, stamp_run_id)
+    memory = _Memory(frames, seed, stamp_run_id, reply_dir)
     lfx.memory._impl = lambda: memory  # every lfx.memory function dispatches through _impl()
 
 
@@ -680,7 +709,8 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
 
     opts = spec.get("options") or {}
     runtime = pickle.loads(base64.b64decode(spec["runtime"])) if spec.get("runtime") else {}
-    _install_memory(frames, runtime.get("memory") or [], bool(spec.get("stamp_graph_run_id")))
+    reply_dir = spec.get("reply_dir") if isinstance(spec.get("reply_dir"), str) else None
+    _install_memory(frames, runtime.get("memory") or [], bool(spec.get("stamp_graph_run_id")), reply_dir)
     if runtime.get("flows") is not None:  # the flows its Run Flow / Sub Flow nodes load
         _install_flows(runtime["flows"])
     graph = Graph.from_payload(

@@ -54,6 +54,8 @@ ROUTE_NAMES = frozenset(
 )
 BODY_KINDS = frozenset({"non-json", "truncated", "wrong-envelope", "reflect-headers"})
 TRANSPORT_KEY = "createos.transport"
+# A number per TCP connection (HTTP/1.1 server), for /_local/stats' connection count.
+CONNECTION_KEY = "createos.connection"
 _MESSAGES = {
     400: "injected bad request",
     402: "insufficient credit",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import signal
 import socket
@@ -13,9 +14,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .app import Plane, build_app
 from .config import ServerConfig
-from .faults import TRANSPORT_KEY
+from .faults import CONNECTION_KEY, TRANSPORT_KEY
 
 WRITE_BUFFER_HIGH = 1024 * 1024
+# Numbers each accepted connection: a client's (address, port) is not enough to tell two
+# connections apart, since a busy machine reuses its ephemeral ports.
+_CONNECTIONS = itertools.count(1)
 
 
 class TransportAwareProtocol(H11Protocol):
@@ -27,9 +31,12 @@ class TransportAwareProtocol(H11Protocol):
         # room for a few output frames in flight, so big streams are not ping-ponged frame by frame
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         inner = self.config.loaded_app
+        connection = next(_CONNECTIONS)
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
-            scope.setdefault("extensions", {})[TRANSPORT_KEY] = transport
+            extensions = scope.setdefault("extensions", {})
+            extensions[TRANSPORT_KEY] = transport
+            extensions[CONNECTION_KEY] = connection
             await inner(scope, receive, send)
 
         self.app = app

@@ -9,12 +9,16 @@ from dataclasses import dataclass, field
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .faults import CONNECTION_KEY
+
 
 @dataclass
 class Counters:
     requests: Counter[str] = field(default_factory=Counter)
     statuses: Counter[str] = field(default_factory=Counter)
-    connections: set[tuple[str, int]] = field(default_factory=set)
+    # one entry per connection: the server's number for it (HTTP/1.1), else the client's
+    # (address, port), which a busy machine may reuse for a later connection (HTTP/2 server)
+    connections: set[object] = field(default_factory=set)
     http_versions: Counter[str] = field(default_factory=Counter)
     bytes_sent: int = 0
 
@@ -40,8 +44,11 @@ class StatsMiddleware:
         counters = self.counters
         counters.requests[route] += 1
         counters.http_versions[str(scope.get("http_version", "?"))] += 1
+        connection = scope.get("extensions", {}).get(CONNECTION_KEY)
         client = scope.get("client")
-        if client:
+        if connection is not None:
+            counters.connections.add(connection)
+        elif client:
             counters.connections.add((client[0], client[1]))
         request_id = f"req-{secrets.token_hex(8)}"
         scope["createos.request_id"] = request_id

@@ -88,7 +88,10 @@ def run_loop_flow(server: LangflowServer) -> dict[str, Any]:
     guests_after_run = len(executor_guests(server) - before)
     texts = machine_texts(client, flow_id, "loop-1")
     streamed = post(server, client, f"/api/v1/run/{flow_id}?stream=true", {**body, "session_id": "loop-2"})
+    stored = client.request("GET", f"/api/v1/monitor/messages?flow_id={flow_id}")
     return {
+        # a Chat Output that renders a stored message shows the id it has in the database
+        "ids_are_stored_ids": [rendered_id(t) in {m["id"] for m in stored} for t in texts],
         "texts": texts,
         "events": stream_events(streamed),
         "streamed_texts": machine_texts(client, flow_id, "loop-2"),
@@ -122,6 +125,7 @@ def test_loop_flow_runs_in_a_guest_as_in_process(
     assert remote["guests"] == (1, 2)  # the whole flow, one guest per run
     assert local["guests"] == (0, 0)
     # the body's Chat Output ran once per row with that row (not None), stored on the host
+    assert remote["ids_are_stored_ids"] == local["ids_are_stored_ids"] == [True, True, True]
     texts = remote["texts"]
     assert len(texts) == 3 and all(f'"{row}"' in text for row, text in zip("abc", texts, strict=True)), texts
     assert remote["events"][-1] == "end" and remote["events"].count("add_message") >= 4, remote["events"]
@@ -132,11 +136,15 @@ def test_loop_flow_runs_in_a_guest_as_in_process(
         assert [rendered(t) for t in remote[key]] == [rendered(t) for t in local[key]]
 
 
-# What differs from run to run on one server too (ids, times, the run's id as
-# session_metadata.graph_run_id, which must be there in both), and what a guest cannot know:
-# the database id of a message that in-process is stored before the next vertex reads it
-# (docs/executor.md, "What still does not cross").
+# What differs from run to run on one server too: ids (each must be the stored row's, see
+# ids_are_stored_ids), times, and the run's id as session_metadata.graph_run_id (which must be
+# there in both).
 PER_RUN = ("id", "run_id", "flow_id", "timestamp")
+
+
+def rendered_id(text: str) -> Any:
+    """The id of the message a Chat Output's text renders as a JSON block."""
+    return json.loads(text.removeprefix("```json").removesuffix("```")).get("id")
 
 
 def rendered(text: str) -> Any:

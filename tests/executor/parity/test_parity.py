@@ -92,6 +92,8 @@ class Run:
     outputs: list[list[dict[str, Any]]]
     events: list[str]
     messages: list[tuple[str, str, str]]  # (sender, text, session id)
+    # for each Message output: is its id the one the host's memory gave it when it was stored
+    ids_stored: list[bool]
 
 
 def _value(value: Any) -> Any:
@@ -135,7 +137,21 @@ async def run_flow(
         for run in items[-1].outputs
     ]
     stored = [(m.sender, m.text, str(m.session_id)) for m in memory.messages[before:]]
-    return Run(outputs=outputs, events=events, messages=stored)
+    return Run(outputs=outputs, events=events, messages=stored, ids_stored=_ids_stored(items, memory, before))
+
+
+def _ids_stored(items: list[Any], memory: HostMemory, before: int) -> list[bool]:
+    """For each Message output of the run: is its id the one the host's memory gave it? (In-process
+    a component goes on with the stored message, database id included.)"""
+    host_ids = {str(m.id) for m in memory.messages[before:]}
+    return [
+        str(getattr(value, "id", None)) in host_ids
+        for run in items[-1].outputs
+        for result in run.outputs
+        if result
+        for value in (result.results or {}).values()
+        if isinstance(value, Message)
+    ]
 
 
 async def both(
@@ -210,6 +226,7 @@ def assert_same(reference: Run, ours: Run) -> None:
     assert ours.outputs == reference.outputs
     assert ours.events == reference.events
     assert ours.messages == reference.messages
+    assert ours.ids_stored == reference.ids_stored
 
 
 async def test_live_component_values_session_events_and_messages(
@@ -390,7 +407,7 @@ async def stream_flow(executor: Any, graph: Any, memory: HostMemory, session_id:
         ]
     ]
     stored = [(m.sender, m.text, str(m.session_id)) for m in memory.messages[before:]]
-    return Run(outputs=built, events=events, messages=stored)  # type: ignore[arg-type]
+    return Run(outputs=built, events=events, messages=stored, ids_stored=_ids_stored(items, memory, before))  # type: ignore[arg-type]
 
 
 async def test_loop_item_only_topology(executor_env: Any, memory: HostMemory) -> None:
@@ -435,7 +452,7 @@ async def test_loop_on_the_host_sends_each_iteration_to_a_guest(
             events.append(f"{event['event']}:{build['id']}" if build else event["event"])
         built = [[str(step.vertex.id) for step in steps if hasattr(step, "vertex")]]
         stored = [(m.sender, m.text, str(m.session_id)) for m in memory.messages[before:]]
-        return Run(outputs=built, events=events, messages=stored)  # type: ignore[arg-type]
+        return Run(outputs=built, events=events, messages=stored, ids_stored=[])  # type: ignore[arg-type]
 
     reference = await host_run(loop_item_only_graph())
     registry = ExecutorRegistry()
