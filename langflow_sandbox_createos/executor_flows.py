@@ -173,7 +173,7 @@ async def resolve(payload: Mapping[str, Any], user_id: str | None) -> dict[str, 
     pending = references(payload)
     if not pending:
         return None
-    catalogue: dict[str, Any] = {"user_id": user_id, "lookups": {}, "langflow": False}
+    catalogue: dict[str, Any] = {"user_id": user_id, "lookups": {}}
     try:
         from langflow.helpers import flow as lf
     except ImportError:
@@ -182,7 +182,6 @@ async def resolve(payload: Mapping[str, Any], user_id: str | None) -> dict[str, 
         return catalogue
     from lfx.utils.flow_validation import admin_only_build_required, custom_component_admin_only_enabled
 
-    catalogue["langflow"] = True
     enabled = custom_component_admin_only_enabled()
     is_superuser = bool(await lf.get_user_is_superuser(user_id)) if enabled is not False else False
     catalogue["superuser"] = is_superuser

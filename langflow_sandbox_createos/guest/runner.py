@@ -432,7 +432,8 @@ def _flow_api(catalogue: dict[str, Any]) -> dict[str, Any]:
     owner = catalogue.get("user_id")
     superuser = bool(catalogue.get("superuser"))
 
-    def entry_for(user_id: Any, flow_id: Any, flow_name: Any) -> dict[str, Any]:
+    def shipped(user_id: Any, flow_id: Any, flow_name: Any) -> dict[str, Any]:
+        """The host's answer for this lookup, after Langflow's own checks of its arguments."""
         if not user_id:
             raise ValueError("Session is invalid")
         if not (flow_id or flow_name):
@@ -444,7 +445,11 @@ def _flow_api(catalogue: dict[str, Any]) -> dict[str, Any]:
                 "CreateOS executor gives a guest only the flows its Run Flow, Sub Flow and Flow as "
                 "Tool nodes name, for the user running it"
             )
-        entry = lookups[key]
+        return lookups[key]
+
+    def entry_for(user_id: Any, flow_id: Any, flow_name: Any) -> dict[str, Any]:
+        """The shipped flow, or the error its lookup raised on the host, raised again."""
+        entry = shipped(user_id, flow_id, flow_name)
         if "error" in entry:
             raise _recorded_error(entry["error"])
         if entry.get("missing"):
@@ -481,12 +486,13 @@ def _flow_api(catalogue: dict[str, Any]) -> dict[str, Any]:
     async def get_flow_by_id_or_name(
         *, user_id: Any = None, flow_id: Any = None, flow_name: Any = None
     ) -> Any:
-        try:
-            return as_data(entry_for(user_id, flow_id, flow_name))
-        except ValueError as exc:
-            if str(exc) in ("Session is invalid", "Flow ID or Flow Name is required"):
-                raise
+        entry = shipped(user_id, flow_id, flow_name)
+        if "error" in entry:  # a lookup that found nothing; anything else is raised again
+            error = _recorded_error(entry["error"])
+            if not isinstance(error, ValueError):
+                raise error
             return None
+        return None if entry.get("missing") else as_data(entry)
 
     async def get_user_is_superuser(user_id: Any) -> bool:
         return superuser and bool(user_id) and str(user_id) == str(owner)

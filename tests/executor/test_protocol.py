@@ -351,4 +351,4 @@ async def test_without_langflow_the_catalogue_is_empty() -> None:
     """lfx alone has no flow database: the guest's lookups find nothing, as lfx's stubs."""
     flow = {"nodes": [_loader("RunFlow-a", RUN_FLOW_CODE, flow_name_selected="one")], "edges": []}
     assert await executor_flows.resolve({"nodes": [], "edges": []}, "u") is None
-    assert await executor_flows.resolve(flow, "u") == {"user_id": "u", "lookups": {}, "langflow": False}
+    assert await executor_flows.resolve(flow, "u") == {"user_id": "u", "lookups": {}}
