@@ -41,6 +41,10 @@ SCRIPT = textwrap.dedent(
         t.join()
 
     slow = E.Client("https://ctrl-c.stall.test", "key", connect_timeout=60, control_timeout=60)
+    # Python's own Ctrl-C handler: a process started with SIGINT ignored (a `cmd &` job of a
+    # non-interactive shell, as a CI runner may be) passes SIG_IGN on to this one, and the
+    # SIGINT below would be dropped (the call then ran out the whole 20 s stall)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
     t0 = time.monotonic()
     try:
