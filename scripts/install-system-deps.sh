@@ -5,7 +5,8 @@ set -euo pipefail
 packages=(
   build-essential pkg-config
   libcurl4-openssl-dev libjansson-dev   # the native client's libraries
-  bubblewrap util-linux                 # namespaces for createos-local guests (bwrap, setpriv)
+  bubblewrap util-linux                 # namespaces for createos-local guests (bwrap, setpriv, nsenter)
+  iproute2 nftables slirp4netns libseccomp2  # each guest's own network (NAT, egress rules) and seccomp filter
   python3 python3-pip procps            # what createos-local's devbox:1 image offers its guests
   clang libclang-rt-14-dev              # libFuzzer harnesses (make fuzz)
   ca-certificates

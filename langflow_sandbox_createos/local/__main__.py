@@ -118,6 +118,18 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-sandboxes", type=int, default=1000, help="live sandboxes before create answers 403")
     p.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=512,
+        help="connections one client address may hold open; more are closed on arrival (default 512)",
+    )
+    p.add_argument(
+        "--idle-connection-seconds",
+        type=float,
+        default=60.0,
+        help="close a connection that sent nothing for this long with no request in progress (default 60)",
+    )
+    p.add_argument(
         "--auto-pause-unit-ms",
         type=int,
         default=1000,
@@ -145,6 +157,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         key, generated = api_key(args.api_key)
     except ValueError as exc:
         parser().error(str(exc))
+    if args.max_connections_per_client < 1 or args.idle_connection_seconds <= 0:
+        parser().error(
+            "--max-connections-per-client must be at least 1 and --idle-connection-seconds above 0"
+        )
     if (args.tls_cert is None) != (args.tls_key is None):
         parser().error("--tls-cert and --tls-key go together")
     if args.http2 and args.tls_cert is None:
@@ -170,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         isolation=not args.no_isolation,
         rootfs=dict(args.rootfs),
         max_sandboxes=args.max_sandboxes,
+        max_connections_per_client=args.max_connections_per_client,
+        idle_connection_seconds=args.idle_connection_seconds,
         max_file_bytes=args.max_file_bytes,
         max_exec_output_bytes=args.max_exec_output_bytes,
         auto_pause_unit_ms=args.auto_pause_unit_ms,

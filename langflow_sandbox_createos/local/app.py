@@ -30,8 +30,9 @@ from .execution import ExecStreamResponse, run_buffered
 from .faults import FaultMiddleware, FaultSet
 from .files import FileDescriptorResponse, normalise, open_for_read, open_upload
 from .guest import ExecRequest, GuestRunner, isolation_probe
-from .images import HOST_GUEST_GID, HOST_GUEST_UID, Image, build_images
+from .images import GUEST_HOME, HOST_GUEST_GID, HOST_GUEST_UID, Image, build_images
 from .mounts import umount
+from .network import EgressPolicy, host_addresses
 from .stats import Counters, StatsMiddleware
 from .store import Sandbox, Store, generated_name
 
@@ -119,6 +120,8 @@ class Plane:
         tick = min(1.0, max(unit / 4, 0.02))
         while True:
             await asyncio.sleep(tick)
+            if self.config.isolation:
+                await self._refresh_host_addresses()
             now = time.monotonic()
             for sb in self.store.live():
                 limit = sb.auto_pause_after_seconds
@@ -128,6 +131,21 @@ class Plane:
                         self.store.pause(sb)
                     except Exception:  # keep the clock running for the other sandboxes
                         log.exception("auto-pause of %s failed", sb.id)
+
+    async def _refresh_host_addresses(self) -> None:
+        """A guest refuses every address of the host: when the host gains one (a new interface,
+        a DHCP lease), every guest's rules learn it within a tick."""
+        current = host_addresses()
+        if current == self.runner.host_addresses:
+            return
+        self.runner.host_addresses = current
+        for sb in self.store.live():
+            net = sb.layout.network
+            if net is not None and net.policy is not None:
+                try:
+                    await net.apply(net.policy, current)
+                except OSError:
+                    log.exception("could not update %s's network rules to the host's new addresses", sb.id)
 
     def stats(self) -> dict[str, Any]:
         by_state: dict[str, int] = {}
@@ -141,6 +159,8 @@ class Plane:
             "live": len(self.store.live()),
             "guest_processes": self.runner.live_processes,
             "connections_opened": self.counters.connections_opened,
+            "connections_open": self.counters.connections_open,
+            "connections_refused": self.counters.connections_refused,
             "http_versions": dict(self.counters.http_versions),
             "bytes_sent": self.counters.bytes_sent,
             "memory_enforced": self.memory_enforced,
@@ -560,7 +580,7 @@ def build_app(plane: Plane) -> ASGIApp:
             )
         sb.last_activity = time.monotonic()
         guest_env = {
-            "HOME": "/workspace",
+            "HOME": GUEST_HOME,
             "LANG": "C.UTF-8",
             "HOSTNAME": sb.name or sb.id,
             "CREATEOS_SANDBOX_ID": sb.id,
@@ -603,6 +623,24 @@ def build_app(plane: Plane) -> ASGIApp:
     async def local_stats(request: Request) -> Response:
         admin_only(request)
         return Response(json.dumps(plane.stats()), media_type="application/json")
+
+    async def local_network(request: Request) -> Response:
+        """One guest's network as the kernel holds it: for tests and operators."""
+        admin_only(request)
+        sb = sandbox(request)
+        net = sb.layout.network
+        policy = EgressPolicy.parse(sb.egress)
+        view: dict[str, Any] = {
+            "id": sb.id,
+            "egress": list(sb.egress),
+            "allow_all": policy.allow_all,
+            "enforced": [str(n) for n in policy.networks] + [f"{a}:{p}" for a, p in policy.ports],
+            "not_enforced": list(policy.unenforced),
+            "namespace": net is not None,
+            "nat": net.nat_running if net is not None else False,
+            "rules": await net.read_back() if net is not None else None,
+        }
+        return Response(json.dumps(view), media_type="application/json")
 
     async def local_faults(request: Request) -> Response:
         admin_only(request)
@@ -657,6 +695,7 @@ def build_app(plane: Plane) -> ASGIApp:
         Route(f"{sb_path}/files", files_get, methods=["GET"], name="files_get"),
         Route(f"{sb_path}/exec", exec_, methods=["POST"], name="exec"),
         Route("/_local/stats", local_stats, methods=["GET"], name="local_stats"),
+        Route("/_local/sandboxes/{sandbox_id}/network", local_network, methods=["GET"], name="local_network"),
         Route("/_local/faults", local_faults, methods=["GET", "PUT", "DELETE"], name="local_faults"),
     ]
 

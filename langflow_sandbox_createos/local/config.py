@@ -32,5 +32,8 @@ class ServerConfig:
     tls_key: Path | None = None
     http2: bool = False  # hypercorn, HTTP/2 over TLS (ALPN); needs tls_cert
     log_level: str = "warning"
+    # what one client address may hold open, and how long a silent connection lives
+    max_connections_per_client: int = 512
+    idle_connection_seconds: float = 60.0
     # where the guests' roots are reached when the state dir is not searchable by the guest user
     guests_dir: Path | None = None

@@ -1,16 +1,19 @@
 """Guest processes: every exec runs ``cmd`` + ``args`` inside bubblewrap namespaces.
 
 A guest's root is its own (``GuestLayout``: an overlay of its image on a tmpfs disk, mounted
-by the server in its private mount namespace). The first exec starts the guest's PID 1 (bwrap's
-reaper, whose child sleeps); every exec joins its user and PID namespaces, so what it leaves
-running in the background lives on until pause freezes it or delete kills PID 1 and with it
-the namespace. Each exec gets its own mount, UTS and IPC namespaces (and, unless egress is
-allow-all, network namespace), runs as uid 1000 with no capability, and maps to the host's
-unprivileged ``nobody``: ``setpriv`` drops root before bwrap runs.
+by the server in its private mount namespace), and so is its network (``network.GuestNetwork``:
+a namespace the server makes, with a NAT and egress rules of its own). The first exec starts the
+guest's PID 1 (bwrap's reaper, whose child sleeps); every exec joins its user and PID namespaces
+and its network namespace, so what it leaves running in the background lives on until pause
+freezes it or delete kills PID 1 and with it the namespace. Each exec gets its own mount, UTS
+and IPC namespaces. Commands run as root (uid 0) in the guest's user namespace, as on a VM,
+with a small set of capabilities that reach nothing outside it; outside, that root is the host's
+unprivileged ``nobody``: ``setpriv`` drops the server's root before bwrap runs. Every guest
+process runs under the seccomp filter of ``seccomp`` and cannot make user namespaces.
 
 The launcher is a tiny ``/bin/sh`` script that joins the sandbox's cgroups (or sets
-``ulimit -v`` when cgroups are not writable) and then ``exec``s setpriv and bwrap, so every
-guest process is accounted from its first instruction.
+``ulimit -v`` when cgroups are not writable) and then ``exec``s nsenter (into the guest's
+network), setpriv and bwrap, so every guest process is accounted from its first instruction.
 """
 
 from __future__ import annotations
@@ -31,15 +34,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import mounts, pids
+from . import mounts, network, pids
 from .cgroups import SandboxCgroups
 from .images import GUEST_GID, GUEST_UID, HOST_GUEST_GID, HOST_GUEST_UID, SYSTEM_PATH, Image
+from .network import EgressPolicy, GuestNetwork
+from .seccomp import SeccompUnavailable, compile_filter
 
 CHUNK_BYTES = 64 * 1024
 NS_GET_PARENT = 0xB702  # ioctl_ns(2): the user namespace that owns this one
 # RLIMIT_AS counts address space, not memory: CPython and its threads reserve far more than
 # they touch, so the fallback limit never goes below this floor (documented).
 RLIMIT_FLOOR_MIB = 1024
+# What root in the guest may do, inside its own user namespace only (where only uid 0 is
+# mapped): own and change its own files, signal its own processes. Docker's default set, less
+# what means nothing here (raw sockets and low ports belong to the network namespace, which the
+# host owns: low ports are opened to every guest user instead) or what the seccomp filter
+# refuses anyway (chroot, mknod).
+GUEST_CAPABILITIES = (
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_SETFCAP",
+)
 
 LAUNCHER = (
     'for f in $CREATEOS_LOCAL_CGROUPS; do echo $$ > "$f" || exit 125; done; '
@@ -47,10 +68,6 @@ LAUNCHER = (
     "unset CREATEOS_LOCAL_CGROUPS CREATEOS_LOCAL_AS_KB; "
     'exec "$@"'
 )
-
-
-def egress_allows_all(egress: list[str] | None) -> bool:
-    return not egress or egress == ["*"]
 
 
 def isolation_probe(bwrap: str | None) -> str | None:
@@ -63,9 +80,17 @@ def isolation_probe(bwrap: str | None) -> str | None:
         return "setpriv is not installed; apt-get install util-linux"
     if os.geteuid() != 0:
         return "guest roots are overlay and tmpfs mounts, which need root"
+    missing = network.missing_tools()
+    if missing:
+        return f"every guest gets a network of its own, which needs: apt-get install {' '.join(missing)}"
+    try:
+        compile_filter()
+    except SeccompUnavailable as exc:
+        return str(exc)
     argv = [setpriv, f"--reuid={HOST_GUEST_UID}", f"--regid={HOST_GUEST_GID}", "--clear-groups", "--"]
-    argv += [bwrap, "--unshare-all", "--die-with-parent", "--uid", str(GUEST_UID), "--ro-bind", "/", "/"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--", "/bin/true"]
+    argv += [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
+    argv += ["--uid", str(GUEST_UID), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    argv += ["--", "/bin/true"]
     try:
         done = subprocess.run(argv, capture_output=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -73,6 +98,20 @@ def isolation_probe(bwrap: str | None) -> str | None:
     if done.returncode != 0:
         return f"bwrap cannot create namespaces here: {done.stderr.decode(errors='replace').strip()}"
     return None
+
+
+def _capability_args() -> list[str]:
+    return [arg for cap in GUEST_CAPABILITIES for arg in ("--cap-add", cap)]
+
+
+def _pipe_with(data: bytes) -> int:
+    """A pipe's read end holding ``data`` (bwrap reads its arguments and filter from pipes)."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, data)  # far below a pipe's buffer
+    finally:
+        os.close(write_end)
+    return read_end
 
 
 @dataclass
@@ -85,6 +124,11 @@ class GuestLayout:
     mounted: list[Path] = field(default_factory=list)
     init: GuestInit | None = None  # the guest's long-lived PID 1 (started at the first exec)
     init_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    network: GuestNetwork | None = None  # made with PID 1, kept until delete
+
+    @property
+    def netns(self) -> Path:
+        return self.root / "netns"
 
     @property
     def disk(self) -> Path:
@@ -157,13 +201,17 @@ class GuestLayout:
             )
 
     def kill_init(self) -> None:
-        """End the guest's PID 1: the kernel then kills every process of its PID namespace."""
+        """End the guest's PID 1 (the kernel then kills every process of its PID namespace)
+        and its NAT: the guest is being deleted."""
         if self.init is not None:
             self.init.kill()
             self.init = None
+        if self.network is not None:
+            self.network.close()
 
     def remove(self) -> None:
-        """Unmount (innermost first) and delete everything. Blocking."""
+        """Unmount (innermost first, the network namespace's file included) and delete
+        everything. Blocking."""
         failed = False
         for target in reversed(self.mounted):
             try:
@@ -200,7 +248,9 @@ class GuestRunner:
         self.memory_mode = memory_mode
         self.bwrap = shutil.which("bwrap")
         self.setpriv = shutil.which("setpriv")
+        self.seccomp = compile_filter() if isolation else b""
         self._procs: set[GuestProcess] = set()
+        self.host_addresses = network.host_addresses()
 
     @property
     def live_processes(self) -> int:
@@ -230,22 +280,30 @@ class GuestRunner:
         raise GuestStartError(f'exec: "{cmd}": executable file not found in $PATH')
 
     # -- argv ---------------------------------------------------------------------------
-    def _bwrap_argv(
-        self, req: ExecRequest, env: dict[str, str], ns_fds: tuple[int, int, int] | None
-    ) -> list[str]:
-        """bwrap as the unprivileged host user: the guest's root is its own overlay, it is
-        uid/gid 1000 in its user namespace and holds no capability."""
+    def _jailed(self, net: GuestNetwork) -> list[str]:
+        """nsenter (into the guest's network, still as the server's root), then setpriv (the
+        host's ``nobody``), then bwrap."""
         assert self.bwrap is not None and self.setpriv is not None
-        argv = [self.setpriv, f"--reuid={HOST_GUEST_UID}", f"--regid={HOST_GUEST_GID}", "--clear-groups"]
-        argv += ["--", self.bwrap]
+        argv = [*net.enter_argv(), self.setpriv, f"--reuid={HOST_GUEST_UID}", f"--regid={HOST_GUEST_GID}"]
+        return [*argv, "--clear-groups", "--", self.bwrap]
+
+    def _bwrap_argv(
+        self,
+        req: ExecRequest,
+        env: dict[str, str],
+        ns_fds: tuple[int, int, int] | None,
+        seccomp_fd: int,
+    ) -> list[str]:
+        """bwrap as the unprivileged host user: the guest's root is its own overlay, its network
+        the guest's, it is root in its user namespace with ``GUEST_CAPABILITIES`` there only."""
+        assert req.layout.network is not None
+        argv = self._jailed(req.layout.network)
         if ns_fds is None:  # no init (an image without `sleep`): namespaces of its own
-            argv += ["--unshare-all", "--uid", str(GUEST_UID), "--gid", str(GUEST_GID)]
-            argv.append("--die-with-parent")
-            if egress_allows_all(req.egress):
-                argv.append("--share-net")
+            argv += ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns"]
+            argv += ["--uid", str(GUEST_UID), "--gid", str(GUEST_GID), "--die-with-parent"]
         else:  # join the guest's user and PID namespaces: its processes outlive this exec
             argv += ["--userns", str(ns_fds[0]), "--userns2", str(ns_fds[1]), "--pidns", str(ns_fds[2])]
-            argv += ["--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+            argv += ["--assert-userns-disabled", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
             # No --die-with-parent here. With --pidns, bwrap's first child forks the command's
             # process and exits; the command arms PR_SET_PDEATHSIG just before its execve,
             # against whatever its parent is at that moment. When that first child is slow
@@ -253,8 +311,7 @@ class GuestRunner:
             # SIGKILLs the command: exit 137, no output (seen about once in 2,400 soak runs,
             # traced with signal_generate). The guest's PID 1 already ties every process of
             # the namespace to the server: it dies with the server, and with it the namespace.
-            if not egress_allows_all(req.egress):
-                argv.append("--unshare-net")
+        argv += [*_capability_args(), "--seccomp", str(seccomp_fd)]
         # no --new-session: the launcher already runs in a session without a terminal, and
         # keeping one process group lets SIGSTOP/SIGKILL of the group reach the command
         argv += ["--hostname", req.hostname]
@@ -272,9 +329,15 @@ class GuestRunner:
         pass_fds: tuple[int, ...] = ()
         if self.isolation:
             init = await self.ensure_init(req.layout, req.hostname, req.cgroups, req.mem_mib)
+            assert req.layout.network is not None
+            try:
+                await req.layout.network.apply(EgressPolicy.parse(req.egress), self.host_addresses)
+            except network.NetworkError as exc:
+                raise GuestStartError(f"the guest's network could not be set up: {exc}") from exc
             ns_fds = init.namespace_fds() if init is not None else None
-            pass_fds = ns_fds or ()
-            argv = self._bwrap_argv(req, env, ns_fds)
+            seccomp_fd = _pipe_with(self.seccomp)
+            pass_fds = (*(ns_fds or ()), seccomp_fd)
+            argv = self._bwrap_argv(req, env, ns_fds, seccomp_fd)
             cwd = "/"
         else:
             argv = [req.cmd, *req.args]
@@ -329,23 +392,27 @@ class GuestRunner:
             if layout.init is not None:
                 layout.init.kill()  # whatever is left of a dead init (its pin, its launcher)
             layout.init = None
+            if layout.network is None:
+                net = GuestNetwork(layout.netns)
+                try:
+                    await net.create()
+                except network.NetworkError as exc:
+                    raise GuestStartError(f"the guest's network could not be set up: {exc}") from exc
+                layout.network = net
+                layout.mounted.append(layout.netns)
             sleep = next((p for p in ("usr/bin/sleep", "bin/sleep") if (layout.fs / p).exists()), None)
             if sleep is None:
                 return None
-            assert self.bwrap is not None and self.setpriv is not None
             # bwrap reads its arguments from a pipe (--args), so the guest's PID 1 shows no host path
-            bwrap_args = ["--unshare-all", "--die-with-parent", "--hostname", hostname]
+            bwrap_args = ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns"]
+            bwrap_args += ["--die-with-parent", "--hostname", hostname]
             bwrap_args += ["--uid", str(GUEST_UID), "--gid", str(GUEST_GID), "--bind", str(layout.fs), "/"]
             bwrap_args += ["--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--clearenv"]
-            args_r, args_w = os.pipe()
+            seccomp_r = _pipe_with(self.seccomp)
             info_r, info_w = os.pipe()
-            bwrap_args += ["--info-fd", str(info_w)]
-            os.write(
-                args_w, b"".join(os.fsencode(a) + b"\0" for a in bwrap_args)
-            )  # far below a pipe's buffer
-            os.close(args_w)
-            argv = [self.setpriv, f"--reuid={HOST_GUEST_UID}", f"--regid={HOST_GUEST_GID}", "--clear-groups"]
-            argv += ["--", self.bwrap, "--args", str(args_r), "--", f"/{sleep}", "infinity"]
+            bwrap_args += ["--info-fd", str(info_w), "--seccomp", str(seccomp_r)]
+            args_r = _pipe_with(b"".join(os.fsencode(a) + b"\0" for a in bwrap_args))
+            argv = [*self._jailed(layout.network), "--args", str(args_r), "--", f"/{sleep}", "infinity"]
             try:
                 proc = await asyncio.create_subprocess_exec(
                     "/bin/sh",
@@ -359,11 +426,12 @@ class GuestRunner:
                     env=self._launcher_env(cgroups, mem_mib),
                     cwd="/",
                     start_new_session=True,
-                    pass_fds=(info_w, args_r),
+                    pass_fds=(info_w, args_r, seccomp_r),
                 )
             finally:
                 os.close(info_w)
                 os.close(args_r)
+                os.close(seccomp_r)
             try:
                 raw = await asyncio.to_thread(_read_all, info_r)
             finally:

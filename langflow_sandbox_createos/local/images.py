@@ -14,8 +14,13 @@ A guest never sees the host's ``/``. Its root is built from an explicit allowlis
   Dockerfile that installs Langflow gives the executor.
 * ``--rootfs NAME=DIR``: DIR as the guest's ``/``.
 
-Every image gets the mount-point layer (``/workspace`` and ``/home/user`` owned by the guest
-user, ``/tmp`` sticky, empty ``/proc``, ``/dev``, ``/sys``) on top.
+Every image gets the mount-point layer (``/workspace``, ``/tmp`` sticky, empty ``/proc``,
+``/dev``, ``/sys``) on top.
+
+Commands run as root in the guest's user namespace, as on a CreateOS VM. Only that root is
+mapped (to the host's ``nobody``), so the layers createos-local builds belong to it: the guest
+owns its ``/etc``, ``/root``, ``/var``, ``/opt``, ``/usr/local`` and the rest, while the host's
+``/usr`` below stays the host's (read-only in the guest).
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ from .mounts import MS_NODEV, MS_NOSUID, mount
 
 TEMPLATE_NAME = "langflow-lfx"
 TEMPLATE_ID = "tpl_" + hashlib.sha256(TEMPLATE_NAME.encode()).hexdigest()[:26]
-# the guest's identity inside its user namespace, and the unprivileged host identity it maps to
-GUEST_UID = GUEST_GID = 1000
+# the guest's identity inside its user namespace (root, as on a VM), and the unprivileged host
+# identity it maps to
+GUEST_UID = GUEST_GID = 0
+GUEST_HOME = "/root"
 HOST_GUEST_UID = HOST_GUEST_GID = 65534
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TEMPLATE_VENV = "/opt/lfx"
@@ -79,14 +86,13 @@ class Image:
 
 def _passwd() -> str:
     return (
-        "root:x:0:0:root:/root:/bin/sh\n"
-        f"user:x:{GUEST_UID}:{GUEST_GID}:user:/workspace:/bin/sh\n"
+        f"root:x:{GUEST_UID}:{GUEST_GID}:root:{GUEST_HOME}:/bin/sh\n"
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
     )
 
 
 def _group() -> str:
-    return f"root:x:0:\nuser:x:{GUEST_GID}:\nnogroup:x:65534:\n"
+    return f"root:x:{GUEST_GID}:\nnogroup:x:65534:\n"
 
 
 def _copy_etc(etc: Path) -> None:
@@ -103,18 +109,42 @@ def _copy_etc(etc: Path) -> None:
     for entry in Path("/etc").glob("python3*"):
         if entry.is_dir() and not entry.is_symlink():
             shutil.copytree(entry, etc / entry.name, symlinks=True)
+    _guest_resolver(etc / "resolv.conf")
     (etc / "passwd").write_text(_passwd())
     (etc / "group").write_text(_group())
     (etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n")
     (etc / "hostname").write_text("sandbox\n")
 
 
+def _guest_resolver(resolv: Path) -> None:
+    """A guest is on a network of its own, where the host's loopback is its own: when the host
+    resolves through a loopback stub (systemd-resolved's 127.0.0.53), give the guest the stub's
+    upstream servers instead, which it reaches through its NAT."""
+    try:
+        servers = [
+            line.split()[1] for line in resolv.read_text().splitlines() if line.startswith("nameserver")
+        ]
+    except (OSError, IndexError):
+        return
+    upstream = Path("/run/systemd/resolve/resolv.conf")
+    if servers and all(s.startswith("127.") or s == "::1" for s in servers) and upstream.is_file():
+        resolv.unlink()
+        shutil.copy2(upstream, resolv)
+
+
 def _mountpoints(layer: Path) -> None:
-    for name in ("proc", "dev", "sys", "workspace", "tmp", "home/user"):
+    for name in ("proc", "dev", "sys", "workspace", "tmp"):
         (layer / name).mkdir(parents=True, exist_ok=True)
     (layer / "tmp").chmod(0o1777)
-    for name in ("workspace", "home/user"):
-        os.chown(layer / name, HOST_GUEST_UID, HOST_GUEST_GID)
+
+
+def _give_to_guest(layer: Path) -> None:
+    """Make every file of a layer createos-local built the guest root's (the host's ``nobody``
+    outside), so root in the guest owns it as root on a VM would."""
+    os.lchown(layer, HOST_GUEST_UID, HOST_GUEST_GID)
+    for directory, dirs, files in os.walk(layer):
+        for name in (*dirs, *files):
+            os.lchown(os.path.join(directory, name), HOST_GUEST_UID, HOST_GUEST_GID)
 
 
 def _devbox_root(layer: Path) -> None:
@@ -190,6 +220,8 @@ def build_images(
         images[TEMPLATE_NAME] = images[TEMPLATE_ID] = template
     else:
         notes.append(f"no template {TEMPLATE_NAME}: the system has no /usr/bin/python{version}")
+    for layer in layers.values():
+        _give_to_guest(layer)
     for name, directory in extra.items():
         images[name] = Image(
             name=name, description=f"directory {directory}", lowers=(layers["mountpoints"], directory)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import signal
 import socket
+from collections import Counter
 from typing import Any
 
 import uvicorn
@@ -15,6 +17,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .app import Plane, build_app
 from .config import ServerConfig
 from .faults import CONNECTION_KEY, TRANSPORT_KEY
+from .stats import Counters
+
+log = logging.getLogger("createos.local")
 
 WRITE_BUFFER_HIGH = 1024 * 1024
 # Numbers each accepted connection: a client's (address, port) is not enough to tell two
@@ -22,12 +27,54 @@ WRITE_BUFFER_HIGH = 1024 * 1024
 _CONNECTIONS = itertools.count(1)
 
 
+class ConnectionGuard:
+    """Bounds what one client address can hold open: at most ``per_client`` connections at
+    once (the next ones are closed as they arrive) and none idle longer than ``idle_seconds``
+    (no byte received and no request in progress). The counts live in ``Counters``."""
+
+    def __init__(self, counters: Counters, per_client: int, idle_seconds: float) -> None:
+        self.counters = counters
+        self.per_client = per_client
+        self.idle_seconds = idle_seconds
+        self._open: Counter[str] = Counter()
+
+    def admit(self, host: str) -> bool:
+        if self._open[host] >= self.per_client:
+            self.counters.connections_refused += 1
+            return False
+        self._open[host] += 1
+        self.counters.connections_opened += 1
+        self.counters.connections_open += 1
+        return True
+
+    def release(self, host: str) -> None:
+        self._open[host] -= 1
+        if self._open[host] <= 0:
+            del self._open[host]
+        self.counters.connections_open -= 1
+
+
 class TransportAwareProtocol(H11Protocol):
     """h11 protocol that lends each request its connection's transport, so the fault
-    injector can reset the TCP connection or truncate a response mid-body."""
+    injector can reset the TCP connection or truncate a response mid-body, and that holds
+    every connection to the ``ConnectionGuard``'s bounds."""
+
+    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = guard
+        self._peer: str | None = None  # set once admitted
+        self._last_read = 0.0
+        self._idle: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        peer = self.client[0] if self.client else ""
+        if not self.guard.admit(peer):
+            transport.abort()
+            return
+        self._peer = peer
+        self._last_read = self.loop.time()
+        self._idle = self.loop.call_later(self.guard.idle_seconds, self._close_if_idle)
         # room for a few output frames in flight, so big streams are not ping-ponged frame by frame
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
         inner = self.config.loaded_app
@@ -40,6 +87,32 @@ class TransportAwareProtocol(H11Protocol):
             await inner(scope, receive, send)
 
         self.app = app
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self.loop.time()
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if self._peer is not None:
+            self.guard.release(self._peer)
+            self._peer = None
+        super().connection_lost(exc)
+
+    def _close_if_idle(self) -> None:
+        self._idle = None
+        if self.transport.is_closing():
+            return
+        busy = self.cycle is not None and not self.cycle.response_complete
+        quiet = self.loop.time() - self._last_read
+        if busy or quiet < self.guard.idle_seconds:
+            wait = self.guard.idle_seconds - quiet if not busy else self.guard.idle_seconds
+            self._idle = self.loop.call_later(max(wait, 0.05), self._close_if_idle)
+            return
+        log.info("closing a connection of %s idle for %.0f s", self._peer, quiet)
+        self.transport.close()
 
 
 class ControlPlaneServer(uvicorn.Server):
@@ -89,9 +162,10 @@ def serve(config: ServerConfig) -> None:
     if config.http2:
         _serve_http2(config, plane, app, sock)
         return
+    guard = ConnectionGuard(plane.counters, config.max_connections_per_client, config.idle_connection_seconds)
     uv_config = uvicorn.Config(
         app,
-        http=TransportAwareProtocol,
+        http=functools.partial(TransportAwareProtocol, guard=guard),  # type: ignore[arg-type]
         lifespan="on",
         log_level=config.log_level,
         access_log=config.log_level in ("debug", "trace"),

@@ -11,20 +11,31 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .faults import CONNECTION_KEY
 
+# the HTTP/2 server names a connection only by its client's (address, port): the most recent
+# ones are remembered to tell a new connection from another request on a known one
+RECENT_PEERS = 4096
+
 
 @dataclass
 class Counters:
     requests: Counter[str] = field(default_factory=Counter)
     statuses: Counter[str] = field(default_factory=Counter)
-    # one entry per connection: the server's number for it (HTTP/1.1), else the client's
-    # (address, port), which a busy machine may reuse for a later connection (HTTP/2 server)
-    connections: set[object] = field(default_factory=set)
     http_versions: Counter[str] = field(default_factory=Counter)
     bytes_sent: int = 0
+    # HTTP/1.1: counted by the connection guard as connections are accepted and closed
+    connections_opened: int = 0
+    connections_open: int = 0
+    connections_refused: int = 0  # over the per-client cap
+    _recent_peers: dict[object, None] = field(default_factory=dict)
 
-    @property
-    def connections_opened(self) -> int:
-        return len(self.connections)
+    def saw_peer(self, peer: object) -> None:
+        """HTTP/2 server: count a (address, port) not among the recent ones as a connection."""
+        if peer in self._recent_peers:
+            return
+        self.connections_opened += 1
+        self._recent_peers[peer] = None
+        if len(self._recent_peers) > RECENT_PEERS:
+            del self._recent_peers[next(iter(self._recent_peers))]
 
 
 class StatsMiddleware:
@@ -44,12 +55,9 @@ class StatsMiddleware:
         counters = self.counters
         counters.requests[route] += 1
         counters.http_versions[str(scope.get("http_version", "?"))] += 1
-        connection = scope.get("extensions", {}).get(CONNECTION_KEY)
         client = scope.get("client")
-        if connection is not None:
-            counters.connections.add(connection)
-        elif client:
-            counters.connections.add((client[0], client[1]))
+        if CONNECTION_KEY not in scope.get("extensions", {}) and client:
+            counters.saw_peer((client[0], client[1]))
         request_id = f"req-{secrets.token_hex(8)}"
         scope["createos.request_id"] = request_id
 

@@ -10,15 +10,18 @@ with LocalControlPlane() as cp:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,6 +31,7 @@ from types import TracebackType
 from typing import Any
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_CLONE_NEWNET = 0x40000000
 
 
 class LocalControlPlane:
@@ -184,6 +188,13 @@ class LocalControlPlane:
     def live_sandboxes(self) -> list[dict[str, Any]]:
         return [sb for sb in self.sandboxes() if sb["status"] not in ("destroyed", "failed")]
 
+    def network(self, sandbox_id: str) -> dict[str, Any]:
+        """A guest's egress as enforced and its rules read back from the kernel."""
+        status, body = self._request("GET", f"/_local/sandboxes/{sandbox_id}/network", auth=True)
+        if status != 200:
+            raise RuntimeError(f"/_local/sandboxes/{sandbox_id}/network answered {status}: {body}")
+        return body
+
     def delete_sandbox(self, sandbox_id: str) -> None:
         self._request("DELETE", f"/v1/sandboxes/{sandbox_id}", auth=True)
 
@@ -207,3 +218,132 @@ class LocalControlPlane:
             if not live or time.monotonic() >= deadline:
                 return live
             time.sleep(0.05)
+
+
+# A banner server (each connection gets one line and is closed) or, given a directory, an
+# HTTP server of that directory (a package index for pip's --find-links).
+_TEST_HOST_SERVER = r"""
+import functools, http.server, socket, sys
+if len(sys.argv) > 2:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[2])
+    handler.log_message = lambda *a: None
+    srv = http.server.ThreadingHTTPServer((sys.argv[1], 0), handler)
+    print(srv.server_address[1], flush=True)
+    srv.serve_forever()
+srv = socket.socket()
+srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((sys.argv[1], 0))
+srv.listen(64)
+print(srv.getsockname()[1], flush=True)
+while True:
+    conn, _ = srv.accept()
+    with conn:
+        conn.sendall(b"createos-test-host\n")
+"""
+
+
+class NamespaceHost:
+    """A test host of the test's own: a network namespace joined to this machine by a veth pair
+    (``10.213.N.1`` here, ``10.213.N.2`` there), serving one banner line per TCP connection, or
+    ``serve_dir`` over HTTP. What egress tests aim at instead of an outside address. Needs root
+    and iproute2."""
+
+    BANNER = "createos-test-host"
+
+    def __init__(self, serve_dir: str | os.PathLike[str] | None = None) -> None:
+        self.serve_dir = str(serve_dir) if serve_dir is not None else None
+        tag = secrets.token_hex(3)
+        self.netns = f"cos-th-{tag}"
+        self._link = f"cth{tag}"  # + "h" here, "g" there: at most 15 characters
+        self.subnet = self._free_subnet()
+        self.host_side = self.subnet.replace(".0/30", ".1")
+        self.address = self.subnet.replace(".0/30", ".2")
+        self.port = 0
+        self._server: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def _free_subnet() -> str:
+        used = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, check=True).stdout
+        for _ in range(64):
+            n = secrets.randbelow(250) + 1
+            if f" 10.213.{n}." not in used:
+                return f"10.213.{n}.0/30"
+        raise RuntimeError("no free 10.213.N.0/30 subnet for a test host")
+
+    def _ip(self, *args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True)
+
+    def __enter__(self) -> NamespaceHost:
+        try:
+            self._ip("netns", "add", self.netns)
+            self._ip("link", "add", f"{self._link}h", "type", "veth", "peer", "name", f"{self._link}g")
+            self._ip("link", "set", f"{self._link}g", "netns", self.netns)
+            self._ip("addr", "add", f"{self.host_side}/30", "dev", f"{self._link}h")
+            self._ip("link", "set", f"{self._link}h", "up")
+            self._ip("-n", self.netns, "addr", "add", f"{self.address}/30", "dev", f"{self._link}g")
+            self._ip("-n", self.netns, "link", "set", f"{self._link}g", "up")
+            self._ip("-n", self.netns, "link", "set", "lo", "up")
+            argv = ["ip", "netns", "exec", self.netns, sys.executable, "-c", _TEST_HOST_SERVER, self.address]
+            self._server = subprocess.Popen(
+                [*argv, *([self.serve_dir] if self.serve_dir else [])],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+            assert self._server.stdout is not None
+            line = self._server.stdout.readline()
+            if not line.strip():
+                raise RuntimeError("the test host's server did not start")
+            self.port = int(line)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}/"
+
+    def listen_socket(self) -> socket.socket:
+        """A TCP socket of this process listening on the test host's address (a free port): a
+        server of the test's own, in this process, that guests reach through their egress.
+        Made by a short-lived thread that enters the test host's network namespace."""
+        made: list[socket.socket] = []
+        failed: list[BaseException] = []
+
+        def inside() -> None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+            target = os.open(f"/run/netns/{self.netns}", os.O_RDONLY)
+            try:
+                if libc.setns(target, _CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns into the test host's namespace failed")
+                try:
+                    sock = socket.socket()
+                    sock.bind((self.address, 0))
+                    sock.listen(64)
+                    made.append(sock)
+                finally:
+                    libc.setns(own, _CLONE_NEWNET)  # the thread ends here anyway
+            except BaseException as exc:
+                failed.append(exc)
+            finally:
+                os.close(own)
+                os.close(target)
+
+        thread = threading.Thread(target=inside)
+        thread.start()
+        thread.join()
+        if failed:
+            raise failed[0]
+        return made[0]
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.kill()
+            self._server.wait(10)
+            self._server = None
+        for args in (("link", "del", f"{self._link}h"), ("netns", "del", self.netns)):
+            subprocess.run(["ip", *args], capture_output=True, check=False)

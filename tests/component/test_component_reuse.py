@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +15,7 @@ from lfx.utils.sandbox.base import SandboxUnavailableError
 
 from langflow_sandbox_createos import runtime
 from langflow_sandbox_createos.components import sandbox_run
-from langflow_sandbox_createos.local.testing import LocalControlPlane
+from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
 from .conftest import USER_ID, client, run_flow, wait_status
 
@@ -220,34 +223,62 @@ def test_a_reused_run_is_two_requests(component_cls: type, reuse_env: LocalContr
     assert {k: n for k, n in delta.items() if n} == {"get": 1, "exec_stream": 1}, delta
 
 
+# pip installs from a package index of the test's own: a test host (a network namespace the
+# test makes) serving one wheel, reached through the guest's open egress; never the internet
 PIP_INSTALL = (
     "import subprocess, sys\n"
     "done = subprocess.run([sys.executable, '-m', 'pip', 'install', '--user', '--break-system-packages',\n"
-    "    '--disable-pip-version-check', '--no-input', '-q', 'iniconfig'], capture_output=True, text=True)\n"
+    "    '--disable-pip-version-check', '--no-input', '-q', '--no-index', '--find-links', '{index}',\n"
+    "    '--trusted-host', '{host}',\n"
+    "    'createos-tinypkg'], capture_output=True, text=True)\n"
     "print('pip', done.returncode, done.stderr[-400:])\n"
 )
 IMPORT_IT = (
     "try:\n"
-    "    import iniconfig\n"
-    "    print('imported', iniconfig.__file__)\n"
+    "    import createos_tinypkg\n"
+    "    print('imported', createos_tinypkg.__file__)\n"
     "except ImportError:\n"
     "    print('missing')\n"
 )
 
 
+def _tiny_wheel(directory: Path) -> None:
+    info = "createos_tinypkg-1.0.dist-info"
+    files = {
+        "createos_tinypkg/__init__.py": "VALUE = 1\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: createos-tinypkg\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(directory / "createos_tinypkg-1.0-py3-none-any.whl", "w") as wheel:
+        for name, text in {**files, f"{info}/RECORD": record}.items():
+            wheel.writestr(name, text)
+
+
+@pytest.fixture
+def package_index(tmp_path: Path) -> Iterator[NamespaceHost]:
+    _tiny_wheel(tmp_path)
+    with NamespaceHost(serve_dir=tmp_path) as host:
+        yield host
+
+
 def test_packages_installed_in_a_reused_guest_stay_in_that_guest(
-    component_cls: type, reuse_env: LocalControlPlane
+    component_cls: type, reuse_env: LocalControlPlane, package_index: NamespaceHost
 ) -> None:
     """A reused guest is a machine: what run 1 installs from the package index (into the
     guest user's site, on the guest's own disk) is importable in run 2, and in no other guest."""
     params = {"allow_network": True, "timeout_seconds": 120}
-    first = reuse(component_cls, python_code=PIP_INSTALL, **params)
+    first = reuse(
+        component_cls,
+        python_code=PIP_INSTALL.format(index=package_index.url, host=package_index.address),
+        **params,
+    )
     assert first["result"].startswith("pip 0"), first
     second = reuse(component_cls, python_code=IMPORT_IT, **params)
     assert second["sandbox_id"] == first["sandbox_id"]
     where = second["result"]
-    assert where.startswith("imported /workspace/.local/lib/python3"), second
-    assert where.endswith("/site-packages/iniconfig/__init__.py"), second
+    assert where.startswith("imported /root/.local/lib/python3"), second
+    assert where.endswith("/site-packages/createos_tinypkg/__init__.py"), second
     other = reuse(component_cls, python_code=IMPORT_IT, component_id="CreateOSSandbox-t0009", **params)
     assert other["sandbox_id"] != first["sandbox_id"]
     assert other["result"] == "missing"

@@ -24,6 +24,7 @@ from lfx.schema.schema import InputValueRequest
 from langflow_sandbox_createos import cli, executor_pool, runtime, settings
 from langflow_sandbox_createos.executor import CreateOSExecutor
 from langflow_sandbox_createos.executor_protocol import GuestStatus
+from langflow_sandbox_createos.local.testing import NamespaceHost
 
 from .conftest import EXECUTOR_ROOTFS, chat_graph, drain, middle_graph
 from .flow_components.counter import Counter
@@ -77,7 +78,8 @@ def api(cp: Any, method: str, path: str) -> int:
 
 @pytest.fixture
 def counter() -> Iterator[tuple[str, list[str]]]:
-    """A server outside every guest that counts the Counter component's runs."""
+    """A server outside every guest that counts the Counter component's runs: in this process,
+    listening in a test host's network namespace, which guests reach through their egress."""
     hits: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -93,12 +95,15 @@ def counter() -> Iterator[tuple[str, list[str]]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/count", hits
-    server.shutdown()
-    server.server_close()
+    with NamespaceHost() as host:
+        server = http.server.ThreadingHTTPServer((host.address, 0), Handler, bind_and_activate=False)
+        server.socket.close()
+        server.socket = host.listen_socket()
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        yield f"http://{host.address}:{server.socket.getsockname()[1]}/count", hits
+        server.shutdown()
+        server.server_close()
 
 
 def kill_guest_processes(sandbox_id: str) -> int:

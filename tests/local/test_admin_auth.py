@@ -1,5 +1,5 @@
-"""The admin routes need the API key, a guest on the host network gets nowhere without it,
-the key has no default, and a non-loopback --host needs --allow-remote."""
+"""The admin routes need the API key (a client without it gets nowhere; a guest cannot even
+connect), the key has no default, and a non-loopback --host needs --allow-remote."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from cp_helpers import failure, run
 from langflow_sandbox_createos.local import __main__ as cli
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-# A guest whose egress allows all shares the host's network namespace: it reaches the
-# server's port (it could find it in /proc/net/tcp; the test passes it).
+# The same calls from a guest (egress open) and from a host process without the key: the guest
+# cannot connect at all (a network of its own); the host process gets 401 for every admin call.
 PROBE = r"""
 import json, sys, urllib.error, urllib.request
 port = sys.argv[1]
@@ -30,6 +30,8 @@ def call(method, path, body=None):
             return r.status
     except urllib.error.HTTPError as e:
         return e.code
+    except urllib.error.URLError as e:
+        return type(e.reason).__name__
 print(json.dumps({
     "health": call("GET", "/healthz"),
     "stats": call("GET", "/_local/stats"),
@@ -40,17 +42,24 @@ print(json.dumps({
 """
 
 
-def test_a_guest_on_the_host_network_cannot_use_the_admin_routes(
+def test_the_admin_routes_refuse_a_client_without_the_key_and_a_guest_cannot_connect(
     cp: LocalControlPlane, client: httpx.Client, sandbox_factory: Any
 ) -> None:
     import json
 
     cp.set_faults({"rules": [{"route": "fork", "status": 503}]})
-    sb = sandbox_factory(egress=["*"])  # shares the host network
+    sb = sandbox_factory(egress=["*"])  # open egress: still a network of its own
     result = run(client, sb["id"], "python3", "-c", PROBE, str(cp.port))
     assert result["exit_code"] == 0, result
-    seen = json.loads(result["stdout"])
+    refused = "ConnectionRefusedError"
+    assert json.loads(result["stdout"]) == dict.fromkeys(
+        ("health", "stats", "faults_put", "faults_delete", "guessed_key"), refused
+    )
+    host = subprocess.run(
+        [sys.executable, "-c", PROBE, str(cp.port)], capture_output=True, text=True, timeout=60, check=True
+    )
     # e8f911e: 200 for stats (every sandbox) and for the fault change (1.5 s on every request)
+    seen = json.loads(host.stdout)
     assert seen == {"health": 200, "stats": 401, "faults_put": 401, "faults_delete": 401, "guessed_key": 401}
     faults = cp.faults()
     assert faults["latency_ms"] == 0 and faults["rules"][0]["route"] == "fork"

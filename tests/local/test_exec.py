@@ -76,7 +76,7 @@ def test_guest_environment_is_clean(
     assert cp.api_key not in env
     assert "PYTHONPATH" not in env and "PYTEST" not in env
     assert f"CREATEOS_SANDBOX_ID={sandbox['id']}" in env
-    assert "HOME=/workspace" in env
+    assert "HOME=/root" in env and "PWD=/workspace" in env
 
 
 def test_devbox_is_a_plain_image_and_the_template_has_lfx(

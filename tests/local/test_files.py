@@ -65,14 +65,14 @@ def test_path_rules(client: httpx.Client, sandbox: dict[str, Any]) -> None:
 
 def test_any_absolute_path_a_guest_could_write(client: httpx.Client, sandbox: dict[str, Any]) -> None:
     url = files_url(sandbox)
-    for path in ("/root/seed.txt", "/etc/app.conf", "/usr/local/bin/tool", "/opt/a/b/c.txt", "/home/user/x"):
+    for path in ("/root/seed.txt", "/etc/app.conf", "/usr/local/bin/tool", "/opt/a/b/c.txt", "/home/x/y"):
         data(client.put(url, params={"path": path}, content=path.encode()))
         assert client.get(url, params={"path": path}).content == path.encode()
-    # uploads belong to the guest user, who can change them in place
+    # uploads belong to the guest's root, who can change them in place
     out = sh(
         client, sandbox["id"], "stat -c %u /opt/a/b/c.txt /opt/a; echo more >> /opt/a/b/c.txt && echo ok"
     )
-    assert out["stdout"].split() == ["1000", "1000", "ok"], out
+    assert out["stdout"].split() == ["0", "0", "ok"], out
     assert not os.path.exists("/opt/a/b/c.txt")
 
 
