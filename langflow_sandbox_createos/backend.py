@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import secrets
 import threading
 import time
@@ -31,7 +30,7 @@ from lfx.utils.sandbox.base import (
     SandboxUnavailableError,
 )
 
-from langflow_sandbox_createos import runtime, settings, warm_pool
+from langflow_sandbox_createos import program_clock, runtime, settings, warm_pool
 from langflow_sandbox_createos.settings import BackendSettings, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.backend")
@@ -55,13 +54,9 @@ SHUTDOWN_DRAIN_SECONDS = 10.0
 
 WORKSPACE = "/workspace"
 
-# The guest shell's timing line on stderr: an ASCII unit separator, a tag, the milliseconds.
-TRAILER_PREFIX = "\x1fcreateos:program_ms="
-TRAILER_PREFIX_SH = "\\037createos:program_ms="  # the same, as printf writes it
-_TRAILER_RE = re.compile(re.escape(TRAILER_PREFIX) + r"(\d{1,15})\n")
-_TRAILER_PARTIAL_RE = re.compile(
-    "|".join(re.escape(TRAILER_PREFIX[:i]) for i in range(1, len(TRAILER_PREFIX) + 1)) + r"(?:\d*\n?)?"
-)
+# The guest shell's timing line on stderr (program_clock), re-exported for tests.
+TRAILER_PREFIX = program_clock.TRAILER_PREFIX
+split_trailer = program_clock.split_trailer
 
 
 def create_backend() -> CreateOSBackend:
@@ -360,51 +355,19 @@ def run_script(path: str, timeout_seconds: int) -> str:
     ``python3 -u`` keeps output printed before a kill instead of losing it in a buffer.
     """
     n = int(timeout_seconds)
-    valid = "*[!0-9.]*|*.*.*) ;; [0-9]*.[0-9][0-9])"  # "<digits>.<two digits>" and nothing else
     return (
         # The shell's own stderr goes to /dev/null (fd 3 keeps the real one): when timeout
         # is SIGKILLed, sh prints "Killed" on its stderr, which would reach the program's.
         "exec 3>&2 2>/dev/null\n"
-        "u0=; s0=; read u0 _ </proc/uptime || s0=$(date +%s)\n"
+        + program_clock.SH_START
         # Redirect inside the subshell, so the parent still has /dev/null while it waits.
-        f"(exec 2>&3 3>&-; exec timeout --signal=KILL {n} python3 -u {path})\n"
-        "r=$?\n"
-        "u1=; s1=; read u1 _ </proc/uptime || s1=$(date +%s)\n"
-        "c=\n"
-        # Centiseconds between the two readings; "1${frac}" keeps "08" from being octal.
-        f'case "$u0" in {valid} case "$u1" in {valid} '
-        "c=$(( (${u1%.*} - ${u0%.*}) * 100 + 1${u1#*.} - 1${u0#*.} )) ;; esac ;; esac\n"
-        f"if [ -n \"$c\" ]; then printf '{TRAILER_PREFIX_SH}%s\\n' $((c * 10)) >&3; fi\n"
-        f'if [ "$r" -eq {KILLED_STATUS} ]; then\n'
+        + f"(exec 2>&3 3>&-; exec timeout --signal=KILL {n} python3 -u {path})\n"
+        "r=$?\n" + program_clock.sh_stop(3) + f'if [ "$r" -eq {KILLED_STATUS} ]; then\n'
         f'  if [ -n "$c" ]; then [ "$c" -ge {n * 100 - 1} ] && exit {GUEST_TIMEOUT_STATUS}\n'
         f'  elif [ -n "$s0" ] && [ -n "$s1" ] && [ $((s1 - s0)) -ge {n} ]; then exit {GUEST_TIMEOUT_STATUS}; fi\n'
         "fi\n"
         'exit "$r"\n'
     )
-
-
-def split_trailer(stderr: str) -> tuple[str, int | None]:
-    """Strip the timing trailer the guest shell appended; return (stderr, program ms).
-
-    The trailer is written after the program has exited, so it is the last thing on stderr;
-    a program printing the same text earlier cannot take its place. A trailer cut by the
-    output cap is stripped too, so no fragment of it reaches the user.
-    """
-    at = stderr.rfind(TRAILER_PREFIX)
-    if at < 0 or len(stderr) - at > len(TRAILER_PREFIX) + 24:
-        return stderr, None
-    match = _TRAILER_RE.fullmatch(stderr, at)
-    if match:
-        return stderr[:at], int(match.group(1))
-    return stderr, None
-
-
-def _strip_cut_trailer(stderr: str) -> str:
-    """After a truncation, drop any prefix of the trailer left at the very end."""
-    at = stderr.rfind("\x1f")
-    if at >= 0 and _TRAILER_PARTIAL_RE.fullmatch(stderr, at):
-        return stderr[:at]
-    return stderr
 
 
 def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
@@ -416,7 +379,7 @@ def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
     stdout = result.stdout
     stderr, program_ms = split_trailer(result.stderr)
     if result.stderr_truncated:
-        stderr = _strip_cut_trailer(stderr)
+        stderr = program_clock.strip_cut_trailer(stderr)
     notes = [
         f"[createos: {stream} truncated at {_size(config.max_output_bytes)}; "
         "set CREATEOS_SANDBOX_MAX_OUTPUT_BYTES]"

@@ -302,6 +302,33 @@ def _check_implementation(report: Report) -> None:
     )
 
 
+def _check_composition(report: Report) -> None:
+    """What the surfaces do to each other when the executor is on (docs/executor.md)."""
+    if not report.surfaces.get("executor"):
+        return
+    if report.surfaces.get("backend"):
+        python = (
+            "Python Interpreter nodes in those runs still run with this host's sandbox backend (createos): "
+            "the guest sends each call to the host, which runs it with its own settings and key"
+        )
+    else:
+        python = (
+            "no sandbox backend is selected here, so Python Interpreter nodes in those runs use lfx's "
+            "restricted mode inside the guest, as they would in this process"
+        )
+    report.add(
+        Check(
+            "executor with the backend and component",
+            None,
+            f"/api/v1/run and lfx run execute whole flows in CreateOS guests; {python}. CreateOS Sandbox "
+            "nodes in those runs run on this host's engine the same way (the key never enters a guest); "
+            "the executor's template (CREATEOS_EXECUTOR_ROOTFS) needs langflow-sandbox-createos installed "
+            "for flows that hold one, like any component's package. Canvas runs (the Playground, a "
+            "node's play button) do not use the executor: they use the backend and the component directly.",
+        )
+    )
+
+
 def doctor(environ: dict[str, str] | None = None) -> Report:
     env = dict(os.environ) if environ is None else environ
     surfaces, checks = _surfaces(env)
@@ -310,6 +337,7 @@ def doctor(environ: dict[str, str] | None = None) -> Report:
     _check_entry_points(report)
     backend = _check_policy(report)
     _check_control_plane(report, backend)
+    _check_composition(report)
     return report
 
 
@@ -431,16 +459,18 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
     except Exception as exc:
         print(f"reap: {runtime.describe(exc) if not isinstance(exc, SettingsError) else exc}", file=err)
         return 2
-    prefixes = tuple(args.prefix) if args.prefix else None
-    states = tuple(args.state) if args.state else None
-    leftovers, active = find_leftovers(
-        rows,
-        prefixes=prefixes,
-        states=states,
-        older_than=args.older_than,
-        idle_longer_than=args.idle,
-        include_active=args.include_active,
-    )
+
+    def pick(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        return find_leftovers(
+            rows,
+            prefixes=tuple(args.prefix) if args.prefix else None,
+            states=tuple(args.state) if args.state else None,
+            older_than=args.older_than,
+            idle_longer_than=args.idle,
+            include_active=args.include_active,
+        )
+
+    leftovers, active = pick(rows)
     if args.json:
         document = {"guests": leftovers, "dry_run": not args.yes, "kept_active": active}
         json.dump(document, out, indent=2, default=str)
@@ -478,10 +508,57 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
     print(f"Deleted {deleted} of {len(leftovers)} guest(s).", file=out)
     for sandbox_id, reason in failed:
         print(f"  failed {sandbox_id}: {reason}", file=out)
-    return 1 if failed else 0
+    try:  # what is left now, so nobody has to check by hand (the control plane may be going away)
+        rows = endpoint.client.list()  # type: ignore[attr-defined]
+        if args.idle is not None:
+            rows = [_with_pause_time(endpoint.client, row) for row in rows]
+    except Exception as exc:
+        print(f"Could not list the guests again to check: {runtime.describe(exc)}", file=out)
+        return 1
+    left, _ = pick(rows)
+    going = sum(1 for row in left if row.get("status") == "destroying")
+    print(
+        f"Left now: {len(left) - going} guest(s) matching"
+        + (f" ({going} more being destroyed)" if going else "")
+        + ("; nothing is left." if len(left) == going else "."),
+        file=out,
+    )
+    return 1 if failed or len(left) > going else 0
 
 
 # --- entry ------------------------------------------------------------------------------------
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    """``NAME=value`` lines (``export`` and shell quoting allowed, ``#`` comments), as `make run`
+    writes its environment to ``.run/createos.env``."""
+    import shlex
+
+    values: dict[str, str] = {}
+    with open(path, encoding="utf-8") as handle:
+        for number, raw in enumerate(handle, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            words = shlex.split(line, comments=True)
+            if words and words[0] == "export":
+                words = words[1:]
+            if len(words) != 1 or "=" not in words[0]:
+                raise SettingsError(f"{path}:{number}: expected NAME=value")
+            name, _, value = words[0].partition("=")
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise SettingsError(f"{path}:{number}: {name!r} is not a variable name")
+            values[name] = value
+    return values
+
+
+def _env_file_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument(
+        "--env-file",
+        metavar="FILE",
+        help="read the environment from FILE first (NAME=value lines), e.g. .run/createos.env, "
+        "which `make run` writes: then this command sees what that Langflow sees",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -489,6 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="check the configuration and explain each fix")
     doc.add_argument("--json", action="store_true", help="machine-readable output")
+    _env_file_option(doc)
     rp = sub.add_parser(
         "reap", help="list or delete guests left behind (lf-, lf-c-, lf-x- names; --prefix for others)"
     )
@@ -513,11 +591,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--yes", action="store_true", help="really delete (default: dry run)")
     rp.add_argument("--json", action="store_true", help="machine-readable output")
+    _env_file_option(rp)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.env_file:
+        try:
+            os.environ.update(read_env_file(args.env_file))
+        except (OSError, SettingsError) as exc:
+            print(f"createos-langflow: --env-file: {exc}", file=sys.stderr)
+            return 2
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {"doctor": _doctor_cmd, "reap": reap}
     return handlers[args.command](args)
 

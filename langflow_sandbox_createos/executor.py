@@ -40,7 +40,7 @@ from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import executor_flows, executor_pool, runtime, settings
+from langflow_sandbox_createos import executor_flows, executor_pool, executor_sandbox, runtime, settings
 from langflow_sandbox_createos.executor_host import HostReplay, memory_seed
 from langflow_sandbox_createos.executor_protocol import (
     BOOTSTRAP,
@@ -402,14 +402,15 @@ class _Run:
         document = {"runner": runner_source(), "token": self.token, "spec_path": path}
         return json.dumps(document, separators=(",", ":"))
 
-    async def reply(self, number: int, answer: Mapping[str, Any]) -> None:
-        """Answer the guest's stored message `number` (it waits for this before its flow goes on)."""
+    async def reply(self, name: str, answer: Mapping[str, Any]) -> None:
+        """Answer a request the guest waits on (`reply-<n>`: a stored message's id; `sandbox-<n>`:
+        a sandboxed node's result) with a file in its reply directory."""
         data = json.dumps(dict(answer), separators=(",", ":")).encode()
         native = runtime._native()
         try:
-            await asyncio.to_thread(self.client.upload, self.sandbox_id, f"{REPLY_DIR}/reply-{number}", data)
+            await asyncio.to_thread(self.client.upload, self.sandbox_id, f"{REPLY_DIR}/{name}", data)
         except native.CreateOSError as exc:
-            raise runtime.to_lfx_error(exc, "answer a stored message in the executor guest") from None
+            raise runtime.to_lfx_error(exc, "answer a request of the executor guest") from None
 
     def start_exec(self, stdin: str) -> None:
         threading.Thread(
@@ -529,10 +530,17 @@ class CreateOSExecutor(Executor):
         endpoint = runtime.endpoints.get()
         spec["timeout"] = cfg.timeout_seconds
         spec["reply_dir"] = REPLY_DIR
+        spec["sandbox"] = {
+            **executor_sandbox.guest_view(),
+            "component": executor_sandbox.holds_component(spec["graph"], spec["runtime"].get("flows")),
+        }
         if cfg.install_lfx and not guest_knowledge.known_good(endpoint.base_url, cfg.rootfs):
             spec["install"] = _install_request(cfg)
 
         run: _Run | None = None
+        bridge: executor_sandbox.SandboxBridge | None = None
+        started = time.monotonic()
+        status = "failed"  # until RunComplete is out
         try:
             early: list[tuple[str, Any]] = []
             if cfg.warm_pool and "install" not in spec:
@@ -542,6 +550,7 @@ class CreateOSExecutor(Executor):
                 await run.create()
                 run.start_exec(await run.stage())
             replay.reply = run.reply
+            bridge = executor_sandbox.SandboxBridge(unit.graph, spec, run.reply)
             frames: dict[str, Mapping[str, Any]] = {}
             async for kind, item in _reports(run, early):
                 if kind == "error":
@@ -552,6 +561,9 @@ class CreateOSExecutor(Executor):
                 frame: Mapping[str, Any] = item
                 frame_type = frame["t"]
                 if await replay.handle(frame):
+                    continue
+                if frame_type == "sandbox":
+                    bridge.handle(frame)
                     continue
                 if frame_type == "vertex":
                     try:
@@ -589,16 +601,42 @@ class CreateOSExecutor(Executor):
                 ) from None
             if run.plain_lines:
                 logger.debug("CreateOS executor: %d unframed stdout line(s) ignored", run.plain_lines)
+            status = "ok"  # a consumer may stop iterating at RunComplete: the run is done by now
             yield StepResult(payload=Finish())
             yield RunComplete(outputs=outputs)
         finally:
+            if bridge is not None:
+                await bridge.close()
             if run is not None:
                 await run.close()
+            _log_run(spec, run, bridge, started, status)
 
     @staticmethod
     def shutdown() -> None:
         """Delete every pooled guest of this process now (interpreter exit does it too)."""
         executor_pool.shutdown()
+
+
+def _log_run(
+    spec: Mapping[str, Any],
+    run: _Run | None,
+    bridge: executor_sandbox.SandboxBridge | None,
+    started: float,
+    status: str,
+) -> None:
+    """One info line per executor run: which guest, how long, how it ended."""
+    sandboxed = f", {bridge.served} sandboxed node run(s) on the host" if bridge and bridge.asked else ""
+    if bridge is not None and bridge.refused:
+        sandboxed += f", {bridge.refused} refused"
+    logger.info(
+        "CreateOS executor: flow %s ran on guest %s%s in %.2f s: %s%s",
+        spec.get("flow_id") or "(no id)",
+        (run.sandbox_id if run is not None else None) or "(none)",
+        " (pooled)" if run is not None and run.pooled else "",
+        time.monotonic() - started,
+        status,
+        sandboxed,
+    )
 
 
 async def _reports(run: _Run, early: list[tuple[str, Any]]) -> AsyncIterator[tuple[str, Any]]:

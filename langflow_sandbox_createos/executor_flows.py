@@ -71,7 +71,7 @@ def _field_value(template: Mapping[str, Any], name: str | None) -> str | None:
     return value.strip() if isinstance(value, str) and value.strip() else None
 
 
-def _connected_fields(payload: Mapping[str, Any]) -> set[tuple[str, str]]:
+def connected_fields(payload: Mapping[str, Any]) -> set[tuple[str, str]]:
     """(node id, field name) of every field fed by an edge."""
     found = set()
     for edge in payload.get("edges") or []:
@@ -88,7 +88,7 @@ def references(payload: Mapping[str, Any]) -> list[Reference]:
     whose target is not a value in the flow."""
     refs: list[Reference] = []
     problems: list[str] = []
-    connected = _connected_fields(payload)
+    connected = connected_fields(payload)
     for node in payload.get("nodes") or []:
         try:
             template = node["data"]["node"]["template"]

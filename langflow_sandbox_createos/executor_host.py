@@ -73,7 +73,7 @@ class HostReplay:
         self.ids: dict[str, str] = {}  # guest message id -> host message id
         self.flows: dict[str, Any] = {}  # host message id -> the flow it was stored under
         # answers a stored message with its host id: (the guest's number for it, the answer)
-        self.reply: Callable[[int, Mapping[str, Any]], Awaitable[None]] | None = None
+        self.reply: Callable[[str, Mapping[str, Any]], Awaitable[None]] | None = None
         self.stored = 0
 
     async def handle(self, frame: Mapping[str, Any]) -> bool:
@@ -151,7 +151,7 @@ class HostReplay:
         if self.reply is not None and isinstance(number, int) and 0 < number < 1 << 31:
             # In-process, the next vertex sees the stored message with its database id: the
             # guest waits for this answer before its flow goes on.
-            await self.reply(number, {"id": host_id})
+            await self.reply(f"reply-{number}", {"id": host_id})
 
     def _flow_of(self, message: Any) -> Any:
         """The run's flow, or a subflow the host resolved for this run (in-process, a Run Flow

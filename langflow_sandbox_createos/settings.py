@@ -138,6 +138,17 @@ def api_key(environ: Mapping[str, str] | None = None) -> ApiKey:
                 "HTTP header. Copy the key again without extra characters."
             )
         return ApiKey(value, name)
+    raw_url = os.environ.get("CREATEOS_SANDBOX_BASE_URL", "").strip()
+    try:
+        host = urlsplit(raw_url).hostname if raw_url else None
+    except ValueError:  # judged where the URL is read; here it only picks the advice
+        host = None
+    if host and is_loopback_host(host):  # createos-local: its key is its own, not an account's
+        raise SettingsError(
+            f"No CreateOS API key: set CREATEOS_SANDBOX_API_KEY to the key of the createos-local at "
+            f"{raw_url} (the one it printed at start, or its CREATEOS_LOCAL_API_KEY). Under `make run`: "
+            "createos-langflow doctor --env-file .run/createos.env"
+        )
     raise SettingsError(
         "No CreateOS API key: set CREATEOS_SANDBOX_API_KEY (or CREATEOS_API_KEY). "
         f"Create a key at {KEY_HELP_URL}."

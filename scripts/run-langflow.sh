@@ -11,12 +11,16 @@
 #     prints the URL to open. With LANGFLOW_AUTO_LOGIN=false the import logs in with
 #     LANGFLOW_API_KEY, or LANGFLOW_SUPERUSER and LANGFLOW_SUPERUSER_PASSWORD.
 # Ctrl-C (or SIGTERM) stops Langflow, deletes the guests the plugin left on the local control
-# plane (`createos-langflow reap --yes --include-active --prefix lf-`) and stops createos-local.
+# plane (`createos-langflow reap --yes --include-active --prefix lf-`, which then says what is
+# left), stops createos-local, and exits 0 when all of that went cleanly (1 otherwise).
+# The environment Langflow got is written to $RUN_DIR/createos.env (mode 0600: it holds the
+# key), for `createos-langflow doctor --env-file` and `reap --env-file`.
 #
 # Knobs (environment): LANGFLOW_HOST (127.0.0.1), LANGFLOW_PORT (7860), CREATEOS_LOCAL_PORT
 # (8787; a free port is used if it is taken), LANGFLOW_START_TIMEOUT (300 s), RUN_DIR (.run),
 # VENV (.venv), VENV_LANGFLOW (.venv-langflow), SKIP_INSTALL=1 (do not run make),
-# EXECUTOR=createos (whole flows run in CreateOS guests: LANGFLOW_EXECUTOR_KIND=createos).
+# EXECUTOR=createos (whole flows run in CreateOS guests: LANGFLOW_EXECUTOR_KIND=createos, with
+# CREATEOS_EXECUTOR_WARM_POOL=2 unless set, so the first runs start at the pool's speed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -51,9 +55,9 @@ if ! port_free "$LANGFLOW_PORT"; then
   exit 1
 fi
 
-CP_PID= LF_PID= LOCAL_PLANE=0 REAL_PLANE=0
+CP_PID= LF_PID= LOCAL_PLANE=0 REAL_PLANE=0 STOPPED=
 cleanup() {
-  local rc=$?
+  local rc=$? unclean=0
   trap - EXIT INT TERM HUP
   trap '' PIPE  # the terminal (or the pipe we print to) may be gone: keep cleaning up
   set +e
@@ -61,16 +65,20 @@ cleanup() {
     say "stopping Langflow (pid $LF_PID)"
     kill -INT -- "-$LF_PID" 2>/dev/null  # gunicorn: INT is the quick shutdown, TERM the graceful one
     for _ in $(seq 1 40); do kill -0 "$LF_PID" 2>/dev/null || break; sleep 0.5; done
-    kill -KILL -- "-$LF_PID" 2>/dev/null
+    if kill -0 "$LF_PID" 2>/dev/null; then
+      say "Langflow did not stop within 20 s: killing it"
+      kill -KILL -- "-$LF_PID" 2>/dev/null
+      unclean=1
+    fi
   fi
   if [ "$LOCAL_PLANE" = 1 ]; then
     if [ -n "$CP_PID" ] && kill -0 "$CP_PID" 2>/dev/null; then
       say "deleting every guest the plugin left on createos-local"
-      (cd "$RUN_DIR" && "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap --yes --include-active --prefix lf-)
+      (cd "$RUN_DIR" && "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap --yes --include-active --prefix lf-) || unclean=1
       say "stopping createos-local (pid $CP_PID)"
       kill -TERM -- "-$CP_PID" 2>/dev/null
       for _ in $(seq 1 20); do kill -0 "$CP_PID" 2>/dev/null || break; sleep 0.5; done
-      kill -KILL -- "-$CP_PID" 2>/dev/null
+      if kill -0 "$CP_PID" 2>/dev/null; then kill -KILL -- "-$CP_PID" 2>/dev/null; unclean=1; fi
     fi
   elif [ "$REAL_PLANE" = 1 ]; then
     # Another Langflow may share this key: list, never delete, guests on a real control plane.
@@ -78,11 +86,14 @@ cleanup() {
     "$ROOT/$VENV_LANGFLOW/bin/createos-langflow" reap
     say "delete them with: createos-langflow reap --yes   (see docs/operations.md)"
   fi
+  if [ -n "$STOPPED" ]; then  # a stop asked for (Ctrl-C, SIGTERM): 0 when it went cleanly
+    if [ "$unclean" = 0 ]; then say "stopped cleanly"; rc=0; else say "stopped, but not cleanly (see above)"; rc=1; fi
+  fi
   exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'STOPPED=INT; exit 130' INT
+trap 'STOPPED=TERM; exit 143' TERM
 trap 'exit 129' HUP
 PARENT=$PPID  # `make run`: make dies of a signal sent to it alone; then we stop too
 
@@ -131,10 +142,24 @@ case "${EXECUTOR:-}" in
   "" | in-process) ;;
   createos)
     export LANGFLOW_EXECUTOR_KIND=createos
-    say "whole-flow executor: createos (/api/v1/run and lfx run execute each flow in a CreateOS guest)" ;;
+    export CREATEOS_EXECUTOR_WARM_POOL=${CREATEOS_EXECUTOR_WARM_POOL:-2}
+    say "whole-flow executor: createos (/api/v1/run and lfx run execute each flow in a CreateOS guest;"
+    say "  a warm pool of $CREATEOS_EXECUTOR_WARM_POOL guests, CREATEOS_EXECUTOR_WARM_POOL)" ;;
   *) echo "EXECUTOR must be createos or in-process, not '$EXECUTOR'" >&2; exit 2 ;;
 esac
 export LANGFLOW_AUTO_LOGIN=${LANGFLOW_AUTO_LOGIN:-true}
+# What this Langflow gets, for `createos-langflow doctor/reap --env-file` (the key is in it: 0600)
+(
+  umask 077
+  {
+    echo "# written by make run for createos-langflow --env-file; holds the control plane's key"
+    for name in CREATEOS_SANDBOX_API_KEY CREATEOS_SANDBOX_BASE_URL LANGFLOW_SANDBOX_BACKEND_PLUGINS \
+      LANGFLOW_SANDBOX_BACKEND LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS LANGFLOW_EXECUTOR_KIND \
+      CREATEOS_EXECUTOR_ROOTFS CREATEOS_EXECUTOR_WARM_POOL; do
+      if [ -n "${!name:-}" ]; then printf 'export %s=%q\n' "$name" "${!name}"; fi
+    done
+  } >"$RUN_DIR/createos.env"
+)
 export LANGFLOW_CONFIG_DIR=${LANGFLOW_CONFIG_DIR:-$RUN_DIR/langflow}
 export LANGFLOW_DATABASE_URL=${LANGFLOW_DATABASE_URL:-sqlite:///$RUN_DIR/langflow/langflow.db}
 export LITELLM_LOCAL_MODEL_COST_MAP=${LITELLM_LOCAL_MODEL_COST_MAP:-True}  # no fetch (and retries) at start
@@ -177,7 +202,26 @@ cat <<EOF
 
   Control plane: $CREATEOS_SANDBOX_BASE_URL$([ "$LOCAL_PLANE" = 1 ] && echo " (createos-local, X-Api-Key: $LOCAL_API_KEY)")
   Logs: $RUN_DIR/langflow.log$([ "$LOCAL_PLANE" = 1 ] && echo ", $RUN_DIR/createos-local.log")
-  Stop: Ctrl-C (stops both servers and deletes leftover guests)
+  Check it: createos-langflow doctor --env-file $RUN_DIR/createos.env
+EOF
+if [ "${LANGFLOW_EXECUTOR_KIND:-}" = createos ]; then
+  cat <<EOF
+
+  The executor (EXECUTOR=createos) runs whole flows through the API, not the canvas: the
+  Playground and the play buttons still run in the Langflow process, with the backend and the
+  component. To run the starter flow in a CreateOS guest, make an API key (Settings > Langflow
+  API Keys) and call:
+
+      curl -X POST $URL/api/v1/run/$FLOW_ID -H "x-api-key: \$LANGFLOW_API_KEY" \\
+           -H 'Content-Type: application/json' -d '{"input_value": "hi"}'
+
+  Its Python Interpreter and CreateOS Sandbox nodes then run on this server's backend and
+  component engine, asked for by the flow's guest (the key never enters it). Each run logs
+  "CreateOS executor: flow ... ran on guest ..." in $RUN_DIR/langflow.log.
+EOF
+fi
+cat <<EOF
+  Stop: Ctrl-C (stops both servers, deletes leftover guests and says what is left)
 
 EOF
 while kill -0 "$LF_PID" 2>/dev/null; do

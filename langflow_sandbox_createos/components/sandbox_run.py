@@ -26,13 +26,13 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import artifacts, clock, runtime, settings
+from langflow_sandbox_createos import artifacts, clock, program_clock, runtime, settings
 from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.component")
@@ -57,7 +57,8 @@ ARCHIVE_DIR = "/tmp/.createos-out"  # finished archives wait here for their host
 # $4 archive budget, $5 archive byte cap, $6 lock wait (0 = no lock), $7 pending-archive wait,
 # $8 where the program file goes ("" = none: an inline command), $9 how it arrives: "stdin"
 # (the exec's stdin) or the sha256 of "$1.upload" (uploaded before the exec); then argv.
-GUEST_WRAPPER = r"""
+GUEST_WRAPPER = (
+    r"""
 run=$1 limit=$2 collect=$3 budget=$4 cap=$5 lockwait=$6 pendwait=$7 src=$8 from=$9
 shift 9
 art=/workspace/artifacts outdir=/tmp/.createos-out
@@ -99,10 +100,16 @@ fi
 if [ "$collect" = 1 ]; then rm -rf -- "$art"; fi
 mkdir -p -- "$art" 2>/dev/null
 start=$(date +%s)
+"""
+    + program_clock.SH_START
+    + r"""
 # timeout's own stderr is discarded (it can print "Killed"); the program gets the real one
 ( timeout --signal=KILL "$limit" /bin/sh -c 'exec "$@" 2>&3 3>&-' program "$@" </dev/null 9>&-
   exit $? ) 3>&2 2>/dev/null
 rc=$?
+"""
+    + program_clock.sh_stop(2)
+    + r"""
 if [ "$rc" -eq 137 ] && [ $(( $(date +%s) - start )) -ge "$limit" ]; then rc=124; fi
 if [ "$collect" = 1 ]; then
   ( timeout --signal=KILL "$budget" /bin/sh -c \
@@ -118,6 +125,7 @@ fi
 rm -rf -- "$run"
 exit "$rc"
 """
+)
 
 Mode = Literal["python", "command"]
 REUSE_MODES = ("off", "flow", "session")
@@ -202,6 +210,53 @@ class RunOutcome:
         return [f.row() for f in self.files]
 
 
+# --- progress --------------------------------------------------------------------------
+
+
+PROGRESS_LOG_INTERVAL = 2.0  # seconds between progress log entries while output streams
+PROGRESS_LOG_MAX = 30
+STATUS_TAIL_CHARS = 2000
+
+
+class Progress:
+    """Shows a run while it streams: the component's status holds the latest output, and a log
+    entry is added every few seconds (lfx forwards logs to the canvas as they happen).
+
+    ``component`` is anything with a ``status`` attribute and lfx's ``log(message, name=)``:
+    the canvas component, or the executor host's recorder of what a guest's node should show
+    (executor_sandbox), whose entries the guest replays with ``replay``."""
+
+    def __init__(self, component: Any) -> None:
+        self._component = component
+        self._tail = ""
+        self._last_log = 0.0
+        self._logs = 0
+
+    def note(self, text: str) -> None:
+        self._component.status = text
+
+    def on_output(self, stream: Literal["stdout", "stderr"], chunk: str) -> None:
+        self._tail = (self._tail + chunk)[-STATUS_TAIL_CHARS:]
+        self._component.status = self._tail
+        now = time.monotonic()
+        if self._logs < PROGRESS_LOG_MAX and now - self._last_log >= PROGRESS_LOG_INTERVAL:
+            self._last_log = now
+            self._logs += 1
+            lines = [line for line in self._tail.splitlines() if line.strip()]
+            self._log(f"[{stream}] {lines[-1] if lines else ''}"[:500])
+
+    def replay(self, logs: list[str], tail: str) -> None:
+        """What the host's run of this node showed, shown here (the status ends on its tail)."""
+        for message in logs[:PROGRESS_LOG_MAX]:
+            self._log(str(message)[:500])
+        if tail:
+            self._component.status = tail[-STATUS_TAIL_CHARS:]
+
+    def _log(self, message: Any) -> None:
+        with contextlib.suppress(Exception):  # progress is best effort; it must never fail the run
+            self._component.log(message, name="progress")
+
+
 # --- inputs ------------------------------------------------------------------------------
 
 
@@ -227,6 +282,43 @@ def check_timeout(value: object) -> int:
 def resolve_shape(value: str | None) -> str:
     """The Shape input, else CREATEOS_SANDBOX_SHAPE, else the component default."""
     return (value or "").strip() or settings.pinned_shape() or DEFAULT_COMPONENT_SHAPE
+
+
+def build_request(
+    fields: Mapping[str, Any],
+    *,
+    component_id: str,
+    flow_id: object,
+    user_id: object,
+    session_id: object,
+) -> RunRequest:
+    """The run a CreateOS Sandbox node's fields ask for (`python_code`, `command`,
+    `session_mode`, `collect_artifacts`, `allow_network`, `timeout_seconds`, `shape`), for that
+    node in that flow, user and session. Raises ValueError for a field the node cannot run
+    with. The component builds its request with it in-process, and the executor's host with
+    the host flow's fields for a node that runs in a guest (executor_sandbox)."""
+    timeout = check_timeout(fields.get("timeout_seconds"))
+    command = str(fields.get("command") or "").strip()
+    code = fields.get("python_code")
+    code = str(getattr(code, "text", code) or "")
+    mode: Mode = "command" if command else "python"
+    raw_session = fields.get("session_mode")
+    session = str(raw_session or "off").strip().lower()
+    if session not in REUSE_MODES:
+        modes = ", ".join(repr(m) for m in REUSE_MODES)
+        raise ValueError(f"Guest Reuse must be one of {modes}, not {raw_session!r}.")
+    return RunRequest(
+        program=command if command else code,
+        mode=mode,
+        reuse=session != "off",
+        owner=reuse_owner(session, user_id, session_id),
+        collect=bool(fields.get("collect_artifacts")),
+        allow_network=bool(fields.get("allow_network")),
+        timeout=timeout,
+        shape=resolve_shape(fields.get("shape")),
+        flow_id=str(flow_id or "noflow"),
+        component_id=component_id,
+    )
 
 
 def reuse_owner(mode: str, user_id: object, session_id: object) -> tuple[str, ...] | None:
@@ -590,6 +682,9 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
 
 
 def _outcome(result: Any, req: RunRequest, sandbox_id: str | None, reused: bool) -> RunOutcome:
+    stderr, program_ms = program_clock.split_trailer(result.stderr)  # the wrapper's clock
+    if result.stderr_truncated:
+        stderr = program_clock.strip_cut_trailer(stderr)
     exit_code = int(result.exit_code)
     timed_out = bool(result.timed_out) or exit_code == 124
     start_error = result.error or None
@@ -599,7 +694,7 @@ def _outcome(result: Any, req: RunRequest, sandbox_id: str | None, reused: bool)
         exit_code = -1
     return RunOutcome(
         stdout=result.stdout,
-        stderr=result.stderr,
+        stderr=stderr,
         exit_code=exit_code,
         sandbox_id=sandbox_id,
         reused_guest=reused,
@@ -607,7 +702,7 @@ def _outcome(result: Any, req: RunRequest, sandbox_id: str | None, reused: bool)
         timed_out=timed_out,
         start_error=start_error,
         output_truncated=bool(result.stdout_truncated or result.stderr_truncated),
-        exec_ms=result.exec_ms,
+        exec_ms=result.exec_ms if result.exec_ms is not None else program_ms,
     )
 
 

@@ -580,6 +580,7 @@ def build_app(plane: Plane) -> ASGIApp:
             )
         sb.last_activity = time.monotonic()
         guest_env = {
+            **dict(sb.image.env),
             "HOME": GUEST_HOME,
             "LANG": "C.UTF-8",
             "HOSTNAME": sb.name or sb.id,

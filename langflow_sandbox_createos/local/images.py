@@ -82,6 +82,7 @@ class Image:
     binds: tuple[tuple[Path, str], ...] = ()  # (host dir, guest path), read-only
     path: str = SYSTEM_PATH
     template_id: str | None = None
+    env: tuple[tuple[str, str], ...] = ()  # the image's own environment (a Dockerfile's ENV)
 
 
 def _passwd() -> str:
@@ -168,6 +169,17 @@ def _usr_layer(layer: Path) -> None:
     os.setxattr(local, "trusted.overlay.opaque", b"y")
 
 
+PLUGIN_DIR = "/opt/createos-plugin"  # where the template shows this package when it is not in site-packages
+
+
+def _plugin_outside(site_packages: Path) -> Path | None:
+    """This package's directory when the server runs it from outside its site-packages (an
+    editable install, a checkout): the template must carry it as a Dockerfile that installs
+    the plugin would."""
+    package = Path(__file__).resolve().parents[1]
+    return None if package.parent == site_packages.resolve() else package
+
+
 def _template_layer(layer: Path, version: str) -> Path:
     venv = layer / TEMPLATE_VENV.lstrip("/")
     (venv / "bin").mkdir(parents=True)
@@ -208,14 +220,23 @@ def build_images(
     site_packages = Path(sysconfig.get_paths()["purelib"])
     if Path(f"/usr/bin/python{version}").exists():
         _template_layer(layers["lfx"], version)
+        binds = [(site_packages, f"{TEMPLATE_VENV}/lib/python{version}/site-packages")]
+        env: tuple[tuple[str, str], ...] = ()
+        plugin = _plugin_outside(site_packages)
+        if plugin is not None:
+            target = f"{PLUGIN_DIR}/{plugin.name}"
+            (layers["lfx"] / target.lstrip("/")).mkdir(parents=True)
+            binds.append((plugin, target))
+            env = (("PYTHONPATH", PLUGIN_DIR),)
         template = Image(
             name=TEMPLATE_NAME,
-            description="template: devbox:1 with lfx (the server's Python packages, read-only)",
+            description="template: devbox:1 with lfx and this plugin (the server's Python packages, read-only)",
             lowers=(layers["mountpoints"], layers["lfx"], layers["devbox"]),
             usr_lowers=devbox.usr_lowers,
-            binds=((site_packages, f"{TEMPLATE_VENV}/lib/python{version}/site-packages"),),
+            binds=tuple(binds),
             path=f"{TEMPLATE_VENV}/bin:{SYSTEM_PATH}",
             template_id=TEMPLATE_ID,
+            env=env,
         )
         images[TEMPLATE_NAME] = images[TEMPLATE_ID] = template
     else:

@@ -213,3 +213,49 @@ def test_implementation_names_the_native_client_and_its_libraries(env, capsys):
     assert found["ok"] is True
     assert found["detail"].startswith("langflow-sandbox-createos 0.3.0, native client 0.3.0")
     assert f"libcurl {_createos.curl_version}, jansson {_createos.jansson_version}" in found["detail"]
+
+
+def test_missing_key_on_createos_local_points_at_its_own_key(env, capsys):
+    """On createos-local (a loopback URL) the fix is its own key, not an account on createos.sh."""
+    env.delenv("CREATEOS_SANDBOX_API_KEY")
+    _, report = run_doctor(capsys)
+    detail = check(report, "API key")["detail"]
+    assert "createos-local" in detail and "--env-file .run/createos.env" in detail
+    assert "createos.sh" not in detail
+    env.setenv("CREATEOS_SANDBOX_BASE_URL", "https://api.sb.createos.sh")
+    _, report = run_doctor(capsys)
+    assert "createos.sh/app/profile" in check(report, "API key")["detail"]
+
+
+def test_env_file_gives_doctor_what_make_run_gave_langflow(env, capsys, tmp_path, control_plane):
+    """`make run` writes .run/createos.env; doctor --env-file reads it (quoting and export allowed)."""
+    for name in ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_SANDBOX_BASE_URL", "LANGFLOW_SANDBOX_BACKEND"):
+        env.delenv(name, raising=False)
+    env_file = tmp_path / "createos.env"
+    env_file.write_text(
+        "# written by make run\n"
+        f"export CREATEOS_SANDBOX_API_KEY='{control_plane.api_key}'\n"
+        f"CREATEOS_SANDBOX_BASE_URL={control_plane.url}\n"
+        "LANGFLOW_SANDBOX_BACKEND=createos\n"
+        "LANGFLOW_EXECUTOR_KIND=createos\n"
+    )
+    code = cli.main(["doctor", "--json", "--env-file", str(env_file)])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    assert report["surfaces"] == {"backend": True, "component": True, "executor": True}
+    assert "accepted the key" in check(report, "control plane")["detail"]
+    combined = check(report, "executor with the backend and component")["detail"]
+    assert "still run with this host's sandbox backend" in combined and "Canvas runs" in combined
+    env_file.write_text("not a line\n")
+    assert cli.main(["doctor", "--env-file", str(env_file)]) == 2
+    assert "expected NAME=value" in capsys.readouterr().err
+
+
+def test_executor_without_a_backend_says_the_interpreter_is_restricted(env, capsys):
+    env.delenv("LANGFLOW_SANDBOX_BACKEND")
+    env.setenv("LANGFLOW_EXECUTOR_KIND", "createos")
+    _, report = run_doctor(capsys)
+    assert (
+        "restricted mode inside the guest"
+        in check(report, "executor with the backend and component")["detail"]
+    )

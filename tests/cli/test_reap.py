@@ -75,6 +75,8 @@ def test_yes_deletes_with_progress_and_summary(guests, capsys, control_plane):
     out, err = capsys.readouterr()
     assert code == 0
     assert "Deleted 3 of 3 guest(s)." in out
+    # and says what is left of them, so nobody has to check by hand (make run prints it at exit)
+    assert "Left now: 0 guest(s) matching" in out and "nothing is left." in out, out
     assert "3/3" in err
     control_plane.wait_until_no_live(timeout=5.0, ignore_prefix="lf-")
     live = {sb["name"] for sb in control_plane.live_sandboxes()}

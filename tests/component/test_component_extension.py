@@ -59,7 +59,9 @@ def test_declared_inputs_outputs_and_metadata(component_cls: type) -> None:
     component = component_cls()
     assert component_cls.display_name == "CreateOS Sandbox"
     assert component_cls.name == "CreateOSSandbox"
-    assert component_cls.icon == "square-terminal"
+    from lfx.components.utilities.python_repl_core import PythonREPLComponent
+
+    assert component_cls.icon == "container" != PythonREPLComponent.icon  # its own icon
     inputs = {i.name: i for i in component.inputs}
     assert "code" not in inputs
     assert list(inputs) == [

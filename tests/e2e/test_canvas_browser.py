@@ -4,7 +4,7 @@
 On ``make run``'s server (conftest.py; authentication on, so every page first goes through
 Langflow's login form) it opens the starter flow, finds "CreateOS Sandbox" in the component
 search, runs the flow from the Playground, and checks that both outputs name a guest that
-createos-local really ran. Then it imports the shipped flow file through Langflow's own
+createos-local really ran; then runs the same starter through ``/api/v1/run``. Then it imports the shipped flow file through Langflow's own
 "Upload a flow" button, as a user would, and runs the imported flow the same way.
 Screenshots land in tests/artifacts/ (not committed):
 
@@ -17,6 +17,7 @@ Screenshots land in tests/artifacts/ (not committed):
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -27,6 +28,8 @@ from typing import Any
 import pytest
 
 from langflow_sandbox_createos import starter
+
+from .test_executor_server import post
 
 pytestmark = [pytest.mark.langflow, pytest.mark.timeout(600)]
 
@@ -117,6 +120,17 @@ def test_canvas_search_and_run(langflow_server: Any, page: Any) -> None:
     )
     assert titles.count() == 2
     page.screenshot(path=str(ARTIFACTS / "canvas-added.png"))
+
+    # 5. The same starter through the API, as an integration calls it: both nodes run on new
+    # guests there too (tests/e2e/test_executor_server.py does it under the executor).
+    before = {sb["id"] for sb in langflow_server.sandboxes()}
+    client = langflow_server.client()
+    body = {"input_value": "hi", "input_type": "chat", "output_type": "any"}
+    answer = json.loads(post(langflow_server, client, f"/api/v1/run/{langflow_server.starter_flow_id}", body))
+    texts = " ".join(o["results"]["message"]["text"] for o in answer["outputs"][0]["outputs"])
+    ran_on = set(re.findall(r"(?:Python Interpreter|CreateOS Sandbox) ran on (sb-[0-9a-z]+)", texts))
+    new = {sb["id"] for sb in langflow_server.sandboxes()} - before
+    assert len(ran_on) == 2 and ran_on <= new, (texts, new)
 
 
 def test_flow_file_imported_through_the_ui_runs(langflow_server: Any, page: Any, tmp_path: Path) -> None:

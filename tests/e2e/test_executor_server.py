@@ -6,6 +6,8 @@ records show the executor guests (``lf-x-``) that ran them."""
 from __future__ import annotations
 
 import json
+import re
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -66,7 +68,15 @@ def post(server: LangflowServer, client: Any, path: str, body: dict[str, Any]) -
 
 
 def executor_guests(server: LangflowServer) -> set[str]:
-    return {sb["id"] for sb in server.sandboxes() if (sb.get("name") or "").startswith("lf-x-")}
+    """The executor guests that ran a flow and are gone (one per run). `make run
+    EXECUTOR=createos` keeps a warm pool (lf-xw-): a pooled guest waiting for a run, or just
+    made to refill the pool, is running, so only the deleted ones count as runs."""
+    return {
+        sb["id"]
+        for sb in server.sandboxes()
+        if (sb.get("name") or "").startswith(("lf-x-", "lf-xw-"))
+        and sb["status"] in ("destroyed", "destroying")
+    }
 
 
 def stream_events(text: str) -> list[str]:
@@ -283,3 +293,81 @@ def test_run_flow_loads_its_target_on_the_server_and_runs_it_in_the_guest(
     assert remote["events"] == local["events"]
     assert remote["stored"] == local["stored"]
     assert {which for which, *_ in remote["stored"]} == {"parent", "sub"}, remote["stored"]
+
+
+# --- the starter flow: our backend and component nodes inside an executor run (issue 31) ------
+
+GUEST_ID = re.compile(r"\bsb-[0-9a-z]{10,}\b")
+EXEC_MS = re.compile(r'"exec_ms": [0-9.]+')
+
+
+def per_run(text: str) -> str:
+    """A rendered output minus what differs from run to run on one server too."""
+    return EXEC_MS.sub('"exec_ms": <ms>', GUEST_ID.sub("<guest>", text))
+
+
+def prefix(name: str) -> str:
+    return name.rsplit("-", 1)[0]
+
+
+def run_starter(server: LangflowServer) -> dict[str, Any]:
+    """The starter flow make run imported, unchanged, through /api/v1/run and ?stream=true:
+    answers (guest ids masked), stream events, stored messages, and the guests it made."""
+    client = server.client()
+    flow_id = server.starter_flow_id
+    before = {sb["id"] for sb in server.sandboxes()}
+    used_before = executor_guests(server)
+    session = f"st-{uuid.uuid4().hex[:8]}"
+    body = {"input_value": "hi", "input_type": "chat", "output_type": "any", "session_id": session}
+    answer = json.loads(post(server, client, f"/api/v1/run/{flow_id}", body))
+    streamed = post(
+        server, client, f"/api/v1/run/{flow_id}?stream=true", {**body, "session_id": f"{session}-s"}
+    )
+    texts = [o["results"]["message"]["text"] for o in answer["outputs"][0]["outputs"]]
+    ran_on = [GUEST_ID.findall(text) for text in texts]
+    stored = client.request("GET", f"/api/v1/monitor/messages?flow_id={flow_id}&session_id={session}")
+    made = [sb for sb in server.sandboxes() if sb["id"] not in before]
+    deadline = time.monotonic() + 30  # the backend deletes in the background
+    while any(sb["status"] not in ("destroyed", "destroying") for sb in _ours(server, made)):
+        assert time.monotonic() < deadline, _ours(server, made)
+        time.sleep(0.5)
+    return {
+        "texts": sorted(per_run(t) for t in texts),
+        "ran_on": ran_on,
+        "events": sorted(stream_events(streamed)),
+        "stored": sorted((m["sender"], m["sender_name"], per_run(m["text"])) for m in stored),
+        "made": sorted(p for p in (prefix(sb.get("name") or "") for sb in made) if p in ("lf", "lf-c")),
+        "executor_runs": len(executor_guests(server) - used_before),
+    }
+
+
+def _ours(server: LangflowServer, made: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The backend's and the component's guests among `made`, as they are now."""
+    ids = {sb["id"] for sb in made if prefix(sb.get("name") or "") in ("lf", "lf-c")}
+    return [sb for sb in server.sandboxes() if sb["id"] in ids]
+
+
+def test_the_starter_flow_runs_the_same_under_the_executor(
+    executor_server: LangflowServer, langflow_server: LangflowServer
+) -> None:
+    """Issue 31: through /api/v1/run the starter failed under the executor (its component had
+    no key in the guest, its Python Interpreter fell back to lfx's restricted mode). Now its
+    nodes run on the server's backend and component engine, asked for by the flow's guest."""
+    remote = run_starter(executor_server)
+    local = run_starter(langflow_server)
+    assert remote["texts"] == local["texts"], (remote["texts"], local["texts"])
+    assert any("Python Interpreter ran on <guest>" in t for t in remote["texts"]), remote["texts"]
+    assert any("CreateOS Sandbox ran on <guest>" in t for t in remote["texts"]), remote["texts"]
+    assert remote["events"] == local["events"]
+    assert remote["stored"] == local["stored"] and len(remote["stored"]) == 2, remote["stored"]
+    # each run: one backend guest and one component guest, on both servers; under the executor
+    # also the flow's own guest (lf-x-, or lf-xw- from the warm pool make run turns on)
+    assert local["made"] == remote["made"] == ["lf", "lf", "lf-c", "lf-c"], (local["made"], remote["made"])
+    assert (local["executor_runs"], remote["executor_runs"]) == (0, 2)
+    # the guests the nodes printed are the backend's and the component's, which ran them
+    for ids in remote["ran_on"]:
+        assert len(ids) >= 1
+    log = executor_server.log_tail("langflow.log", 4000)
+    assert re.search(
+        r"CreateOS executor: flow \S+ ran on guest sb-\S+.* in [0-9.]+ s: ok, 2 sandboxed", log
+    ), log[-3000:]

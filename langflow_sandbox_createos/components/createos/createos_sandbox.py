@@ -5,10 +5,7 @@ lfx loads this file by itself (spec_from_file_location), so every import is abso
 the work lives in `langflow_sandbox_createos.components.sandbox_run`.
 """
 
-import contextlib
 import threading
-import time
-from typing import Any, Literal
 
 from lfx.custom.custom_component.component import Component
 from lfx.io import BoolInput, DropdownInput, IntInput, MultilineInput, Output, StrInput
@@ -22,10 +19,6 @@ from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, MAX_TIME
 # Loaded by Langflow when it discovers the extension, before any run applies tweaks.
 policy.register_protected_tweak_fields()
 
-PROGRESS_LOG_INTERVAL = 2.0  # seconds between progress log entries while output streams
-PROGRESS_LOG_MAX = 30
-STATUS_TAIL_CHARS = 2000
-
 
 class CreateOSSandboxComponent(Component):
     display_name = "CreateOS Sandbox"
@@ -33,7 +26,7 @@ class CreateOSSandboxComponent(Component):
         "Run code or a shell command in an isolated CreateOS microVM, and collect the files it writes."
     )
     documentation = f"{DOCS_URL}/component.md"
-    icon = "square-terminal"
+    icon = "container"  # its own, not the Python Interpreter's square-terminal
     name = "CreateOSSandbox"
 
     inputs = [
@@ -67,8 +60,9 @@ class CreateOSSandboxComponent(Component):
             name="collect_artifacts",
             display_name="Return Files",
             info=(
-                "Return what the program wrote under /workspace/artifacts (emptied before the run) in the "
-                "Files output: at most 256 files and 5 MiB."
+                "Return what the program wrote under /workspace/artifacts (emptied before the run). The files "
+                "arrive on the second output, Files (a table: path, size, text or base64), not in Results: "
+                "at most 256 files and 5 MiB."
             ),
             value=False,
         ),
@@ -127,32 +121,24 @@ class CreateOSSandboxComponent(Component):
         return result
 
     def _request(self) -> sandbox_run.RunRequest:
-        timeout = sandbox_run.check_timeout(self.timeout_seconds)
-        command = self._verbatim("command", self.command or "").strip()
         code = self.python_code
-        code = self._verbatim("python_code", str(getattr(code, "text", code) or ""))
-        mode: Literal["python", "command"] = "command" if command else "python"
-        session = (self.session_mode or "off").strip().lower()
-        if session not in sandbox_run.REUSE_MODES:
-            modes = ", ".join(repr(m) for m in sandbox_run.REUSE_MODES)
-            raise ValueError(f"Guest Reuse must be one of {modes}, not {self.session_mode!r}.")
+        fields = {
+            "python_code": self._verbatim("python_code", str(getattr(code, "text", code) or "")),
+            "command": self._verbatim("command", self.command or ""),
+            "session_mode": self.session_mode,
+            "collect_artifacts": self.collect_artifacts,
+            "allow_network": self.allow_network,
+            "timeout_seconds": self.timeout_seconds,
+            "shape": self.shape,
+        }
         flow_id = session_id = None
         user_id = getattr(self, "_user_id", None)  # set by Langflow, or by a caller without a graph
         if getattr(self, "_vertex", None) is not None:
             flow_id = self.graph.flow_id
             user_id = self.user_id
             session_id = self.graph.session_id
-        return sandbox_run.RunRequest(
-            program=command if command else str(code),
-            mode=mode,
-            reuse=session != "off",
-            owner=sandbox_run.reuse_owner(session, user_id, session_id),
-            collect=bool(self.collect_artifacts),
-            allow_network=bool(self.allow_network),
-            timeout=timeout,
-            shape=sandbox_run.resolve_shape(self.shape),
-            flow_id=str(flow_id or "noflow"),
-            component_id=str(self._id),
+        return sandbox_run.build_request(
+            fields, component_id=str(self._id), flow_id=flow_id, user_id=user_id, session_id=session_id
         )
 
     def _verbatim(self, name: str, value: str) -> str:
@@ -173,7 +159,7 @@ class CreateOSSandboxComponent(Component):
     def _execute(self) -> sandbox_run.RunOutcome:
         self._check_policy()
         request = self._request()
-        progress = _Progress(self)
+        progress = sandbox_run.Progress(self)
         outcome = sandbox_run.run(request, on_output=progress.on_output, note=progress.note)
         self.status = Data(data=outcome.results(), text_key="result")
         return outcome
@@ -201,29 +187,6 @@ class CreateOSSandboxComponent(Component):
         return DataFrame(rows)
 
 
-class _Progress:
-    """Shows the run while it streams: the status holds the latest output, and a log entry is
-    added every few seconds (lfx forwards logs to the canvas as they happen)."""
-
-    def __init__(self, component: Component) -> None:
-        self._component = component
-        self._tail = ""
-        self._last_log = 0.0
-        self._logs = 0
-
-    def note(self, text: str) -> None:
-        self._component.status = text
-
-    def on_output(self, stream: Literal["stdout", "stderr"], chunk: str) -> None:
-        self._tail = (self._tail + chunk)[-STATUS_TAIL_CHARS:]
-        self._component.status = self._tail
-        now = time.monotonic()
-        if self._logs < PROGRESS_LOG_MAX and now - self._last_log >= PROGRESS_LOG_INTERVAL:
-            self._last_log = now
-            self._logs += 1
-            lines = [line for line in self._tail.splitlines() if line.strip()]
-            self._log(f"[{stream}] {lines[-1] if lines else ''}"[:500])
-
-    def _log(self, message: Any) -> None:
-        with contextlib.suppress(Exception):  # progress is best effort; it must never fail the run
-            self._component.log(message, name="progress")
+# The progress display lives beside the engine, so the executor's host can record what it
+# shows for a node that runs in a guest (executor_sandbox) and the guest can replay it.
+_Progress = sandbox_run.Progress
