@@ -40,21 +40,32 @@ cos_kind cos_kind_for_status(long status)
     return COS_E_PROTOCOL;
 }
 
+int cos_buf_reserve(cos_buf *b, size_t n)
+{
+    size_t need = b->len + n, cap;
+    char *p;
+    if (n > SIZE_MAX - b->len || (b->max && need > b->max))
+        return -1;
+    if (need <= b->cap)
+        return 0;
+    cap = b->cap ? b->cap : 1024;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
+    if (b->max && cap > b->max)
+        cap = b->max;
+    if ((p = realloc(b->data, cap)) == NULL)
+        return -1;
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
 int cos_buf_append(cos_buf *b, const void *data, size_t n)
 {
     if (n == 0)
         return 0;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        char *p;
-        while (cap < b->len + n)
-            cap *= 2;
-        p = realloc(b->data, cap);
-        if (p == NULL)
-            return -1;
-        b->data = p;
-        b->cap = cap;
-    }
+    if (cos_buf_reserve(b, n) < 0)
+        return -1;
     memcpy(b->data + b->len, data, n);
     b->len += n;
     return 0;
@@ -63,7 +74,8 @@ int cos_buf_append(cos_buf *b, const void *data, size_t n)
 void cos_buf_free(cos_buf *b)
 {
     free(b->data);
-    memset(b, 0, sizeof *b);
+    b->data = NULL;
+    b->len = b->cap = 0;
 }
 
 size_t cos_utf8_cut(const char *s, size_t n, size_t room)
@@ -84,34 +96,10 @@ int cos_outbuf_append(cos_outbuf *b, const char *s, size_t n)
     size_t take;
     if (b->truncated || n == 0)
         return 0;
-    take = cos_utf8_cut(s, n, b->limit - b->len);
+    take = cos_utf8_cut(s, n, b->buf.max - b->buf.len);
     if (take < n)
         b->truncated = 1;
-    if (take == 0)
-        return 0;
-    if (b->len + take > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        char *p;
-        while (cap < b->len + take)
-            cap *= 2;
-        if (cap > b->limit)
-            cap = b->limit;
-        p = realloc(b->data, cap);
-        if (p == NULL)
-            return -1;
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, take);
-    b->len += take;
-    return 0;
-}
-
-void cos_outbuf_free(cos_outbuf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = b->delivered = 0;
+    return cos_buf_append(&b->buf, s, take);
 }
 
 int cos_exec_out_init(cos_exec_out *x, size_t max_output)
@@ -119,40 +107,30 @@ int cos_exec_out_init(cos_exec_out *x, size_t max_output)
     memset(x, 0, sizeof *x);
     if (pthread_mutex_init(&x->mu, NULL) != 0)
         return -1;
-    x->out[0].limit = max_output;
-    x->out[1].limit = max_output;
+    x->out[0].buf.max = max_output;
+    x->out[1].buf.max = max_output;
+    x->error.max = COS_ERROR_TEXT_MAX;
     x->exit_code = -1;
     return 0;
 }
 
 void cos_exec_out_free(cos_exec_out *x)
 {
-    cos_outbuf_free(&x->out[0]);
-    cos_outbuf_free(&x->out[1]);
-    free(x->error);
-    x->error = NULL;
+    cos_buf_free(&x->out[0].buf);
+    cos_buf_free(&x->out[1].buf);
+    cos_buf_free(&x->error);
     pthread_mutex_destroy(&x->mu);
 }
 
 int cos_exec_out_add_error(cos_exec_out *x, const char *s, size_t n)
 {
-    size_t sep = x->error_len ? 1 : 0;
-    size_t room, take;
-    char *p;
-    if (x->error_len + sep >= COS_ERROR_TEXT_MAX)
+    size_t sep = x->error.len ? 1 : 0, room;
+    if (x->error.len + sep >= x->error.max)
         return 0;
-    room = COS_ERROR_TEXT_MAX - x->error_len - sep;
-    take = cos_utf8_cut(s, n, room);
-    p = realloc(x->error, x->error_len + sep + take + 1);
-    if (p == NULL)
+    room = x->error.max - x->error.len - sep;
+    if (sep && cos_buf_append(&x->error, "\n", 1) < 0)
         return -1;
-    x->error = p;
-    if (sep)
-        p[x->error_len++] = '\n';
-    memcpy(p + x->error_len, s, take);
-    x->error_len += take;
-    p[x->error_len] = '\0';
-    return 0;
+    return cos_buf_append(&x->error, s, cos_utf8_cut(s, n, room));
 }
 
 int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len)
@@ -162,15 +140,15 @@ int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len)
     *data = NULL;
     *len = 0;
     pthread_mutex_lock(&x->mu);
-    if (b->len > b->delivered) {
-        *len = b->len - b->delivered;
+    if (b->buf.len > b->delivered) {
+        *len = b->buf.len - b->delivered;
         *data = malloc(*len);
         if (*data == NULL) {
             *len = 0;
             rc = -1;
         } else {
-            memcpy(*data, b->data + b->delivered, *len);
-            b->delivered = b->len;
+            memcpy(*data, b->buf.data + b->delivered, *len);
+            b->delivered = b->buf.len;
         }
     }
     pthread_mutex_unlock(&x->mu);

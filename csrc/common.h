@@ -59,25 +59,27 @@ int cos_kind_is_transient(cos_kind kind);
 /* The error kind an HTTP status maps to (2xx gives COS_OK). */
 cos_kind cos_kind_for_status(long status);
 
-/* Growable byte buffer; callers enforce their own limits. */
+/* The one growable byte buffer: capacity doubles (from 1 KiB) and never passes
+ * max when max is set (0: no limit but memory). */
 typedef struct cos_buf {
     char *data;
-    size_t len, cap;
+    size_t len, cap, max;
 } cos_buf;
 
-int cos_buf_append(cos_buf *b, const void *data, size_t n); /* 0, or -1 on ENOMEM */
-void cos_buf_free(cos_buf *b);
+/* Room for n more bytes: 0, or -1 on ENOMEM or when len + n would pass max. */
+int cos_buf_reserve(cos_buf *b, size_t n);
+int cos_buf_append(cos_buf *b, const void *data, size_t n); /* 0, or -1 as reserve */
+void cos_buf_free(cos_buf *b); /* frees the data; keeps max */
 
-/* Output of a guest stream: capped, cut only on UTF-8 boundaries, with a
- * cursor of what was already handed to the caller. */
+/* Output of a guest stream: at most buf.max bytes, cut only on UTF-8
+ * boundaries, with a cursor of what was already handed to the caller. */
 typedef struct cos_outbuf {
-    char *data;
-    size_t len, cap, limit, delivered;
+    cos_buf buf;
+    size_t delivered;
     int truncated;
 } cos_outbuf;
 
 int cos_outbuf_append(cos_outbuf *b, const char *s, size_t n); /* -1 on ENOMEM */
-void cos_outbuf_free(cos_outbuf *b);
 /* Length of the longest prefix of s[0..n) of at most room bytes that does not
  * split a UTF-8 sequence. */
 size_t cos_utf8_cut(const char *s, size_t n, size_t room);
@@ -89,8 +91,7 @@ typedef struct cos_exec_out {
     cos_outbuf out[2]; /* 0 stdout, 1 stderr */
     long long exit_code;
     int has_exit;
-    char *error; /* the service's result.error, NUL-terminated, capped */
-    size_t error_len;
+    cos_buf error; /* the service's result.error / error frames, capped; no NUL kept */
     double exec_ms;
     int has_exec_ms;
     int streamed;

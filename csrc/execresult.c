@@ -138,10 +138,10 @@ PyObject *cos_make_result(cos_state *st, cos_exec_out *x, const char *sandbox_id
     ExecResultObject *r = (ExecResultObject *)st->ExecResultType->tp_alloc(st->ExecResultType, 0);
     if (r == NULL)
         return NULL;
-    r->stdout_ = cos_decode(x->out[0].data, x->out[0].len);
-    r->stderr_ = cos_decode(x->out[1].data, x->out[1].len);
+    r->stdout_ = cos_decode(x->out[0].buf.data, x->out[0].buf.len);
+    r->stderr_ = cos_decode(x->out[1].buf.data, x->out[1].buf.len);
     r->exit_code = PyLong_FromLongLong(x->has_exit ? x->exit_code : -1);
-    r->error = x->error ? cos_decode(x->error, x->error_len) : Py_NewRef(Py_None);
+    r->error = x->error.len ? cos_decode(x->error.data, x->error.len) : Py_NewRef(Py_None);
     r->exec_ms = x->has_exec_ms ? PyFloat_FromDouble(x->exec_ms) : Py_NewRef(Py_None);
     r->stdout_truncated = PyBool_FromLong(x->out[0].truncated);
     r->stderr_truncated = PyBool_FromLong(x->out[1].truncated);

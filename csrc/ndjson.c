@@ -8,16 +8,14 @@
 void cos_ndjson_init(cos_ndjson *p, size_t max_line, cos_frame_fn fn, void *ud)
 {
     memset(p, 0, sizeof *p);
-    p->max_line = max_line ? max_line : COS_NDJSON_MAX_LINE;
+    p->line.max = max_line ? max_line : COS_NDJSON_MAX_LINE;
     p->fn = fn;
     p->ud = ud;
 }
 
 void cos_ndjson_free(cos_ndjson *p)
 {
-    free(p->line);
-    p->line = NULL;
-    p->len = p->cap = 0;
+    cos_buf_free(&p->line);
 }
 
 static int fail(cos_ndjson *p, const char *msg)
@@ -108,24 +106,9 @@ done:
 
 static int buffer_piece(cos_ndjson *p, const char *data, size_t n)
 {
-    if (n > p->max_line - p->len)
+    if (n > p->line.max - p->line.len)
         return fail(p, "stream line longer than the limit");
-    if (p->len + n > p->cap) {
-        size_t cap = p->cap ? p->cap : 4096;
-        char *q;
-        while (cap < p->len + n)
-            cap *= 2;
-        if (cap > p->max_line)
-            cap = p->max_line;
-        q = realloc(p->line, cap);
-        if (q == NULL)
-            return COS_ND_NOMEM;
-        p->line = q;
-        p->cap = cap;
-    }
-    memcpy(p->line + p->len, data, n);
-    p->len += n;
-    return COS_ND_OK;
+    return cos_buf_append(&p->line, data, n) < 0 ? COS_ND_NOMEM : COS_ND_OK;
 }
 
 int cos_ndjson_feed(cos_ndjson *p, const char *data, size_t n)
@@ -138,16 +121,16 @@ int cos_ndjson_feed(cos_ndjson *p, const char *data, size_t n)
         size_t piece = nl ? (size_t)(nl - data) : n;
         if (nl == NULL)
             return buffer_piece(p, data, piece);
-        if (p->len == 0) {
+        if (p->line.len == 0) {
             /* the whole line is in this chunk: parse it in place */
-            if (piece > p->max_line)
+            if (piece > p->line.max)
                 return fail(p, "stream line longer than the limit");
             rc = handle_line(p, data, piece);
         } else {
             if ((rc = buffer_piece(p, data, piece)) != COS_ND_OK)
                 return rc;
-            rc = handle_line(p, p->line, p->len);
-            p->len = 0;
+            rc = handle_line(p, p->line.data, p->line.len);
+            p->line.len = 0;
         }
         if (rc != COS_ND_OK)
             return rc;
@@ -162,9 +145,9 @@ int cos_ndjson_finish(cos_ndjson *p)
     int rc;
     if (p->failed)
         return COS_ND_PROTOCOL;
-    if (p->len == 0)
+    if (p->line.len == 0)
         return COS_ND_OK;
-    rc = handle_line(p, p->line, p->len);
-    p->len = 0;
+    rc = handle_line(p, p->line.data, p->line.len);
+    p->line.len = 0;
     return rc;
 }

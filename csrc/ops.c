@@ -870,7 +870,7 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
     cos_req_spec spec;
     cos_req *r = NULL;
     json_t *data = NULL;
-    size_t limit = xo->out[0].limit;
+    size_t limit = xo->out[0].buf.max;
     int rc = -1;
 
     if (exec_request(c, id, a, 0, timeout_ms, &spec) < 0)

@@ -27,13 +27,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (json_is_object(payload) && cos_exec_result_parse("exec", payload, &xo, &err) == 0) {
             int s;
             for (s = 0; s < 2; s++) {
-                if (xo.out[s].len > cap)
+                if (xo.out[s].buf.len > cap)
                     abort();
                 /* jansson strings are valid UTF-8; a cut must keep them so */
-                if (!utf8_valid((const unsigned char *)xo.out[s].data, xo.out[s].len))
+                if (!utf8_valid((const unsigned char *)xo.out[s].buf.data, xo.out[s].buf.len))
                     abort();
             }
-            if (xo.error && (xo.error_len > COS_ERROR_TEXT_MAX || strlen(xo.error) > xo.error_len))
+            if (xo.error.len > COS_ERROR_TEXT_MAX)
                 abort();
         }
         json_decref(payload);

@@ -41,7 +41,7 @@ static int parse(const uint8_t *data, size_t size, const uint8_t *cuts, size_t n
     }
     if (rc == COS_ND_OK)
         rc = cos_ndjson_finish(&p);
-    if (p.len > MAX_LINE)
+    if (p.line.len > MAX_LINE || p.line.cap > MAX_LINE)
         abort();
     cos_ndjson_free(&p);
     return rc;
