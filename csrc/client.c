@@ -919,15 +919,10 @@ static PyObject *c_drain_deletes(ClientObject *self, PyObject *args, PyObject *k
     if ((list = PyList_New(0)) == NULL)
         goto done;
     for (o = all; o != NULL; o = o->next) {
-        PyObject *t = Py_BuildValue("(sOs)", o->id, Py_None, o->error);
-        if (t != NULL && o->status > 0) {
-            PyObject *st = PyLong_FromLong(o->status);
-            if (st == NULL) {
-                Py_CLEAR(t);
-            } else {
-                Py_SETREF(PyTuple_GET_ITEM(t, 1), st);
-            }
-        }
+        /* decoded with "replace": whatever the bytes, no outcome is lost */
+        PyObject *t = Py_BuildValue("(NNN)", cos_decode(o->id, strlen(o->id)),
+                                    o->status > 0 ? PyLong_FromLong(o->status) : Py_NewRef(Py_None),
+                                    o->error ? cos_decode(o->error, strlen(o->error)) : Py_NewRef(Py_None));
         if (t == NULL || PyList_Append(list, t) < 0) {
             Py_XDECREF(t);
             Py_CLEAR(list);

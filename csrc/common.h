@@ -109,14 +109,37 @@ int cos_exec_out_add_error(cos_exec_out *x, const char *s, size_t n);
  * taken yet; *data is NULL when there is none. -1 on ENOMEM. */
 int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len);
 
-/* Copy src into dst (NUL-terminated, at most dstcap-1 bytes), replacing every
- * run of 8 or more bytes that occurs in the secret (raw or JSON-escaped: a
- * server may reflect it cut short) by "[redacted]", control
- * characters by spaces, and keeping at most maxchars characters (UTF-8 aware,
- * "..." appended when cut). The secret is removed before the cut, so a cut can
- * never expose a piece of it. */
+/* Length of the well-formed UTF-8 sequence that starts s[0..n) (1 to 4), or 0
+ * when it is ill-formed: a stray continuation byte, an overlong form, a UTF-16
+ * surrogate, a code point above U+10FFFF, or a sequence cut short (the Unicode
+ * Standard, table 3-7). */
+size_t cos_utf8_seq(const unsigned char *s, size_t n);
+/* Length of s[0..n) without a last sequence that was cut short. */
+size_t cos_utf8_trim(const char *s, size_t n);
+
+/* The one sanitizer for text a server or a guest chose, on its way to Python
+ * (messages, status strings, the exec error, delete outcomes). Copies src into
+ * dst (NUL-terminated, at most dstcap-1 bytes):
+ * - every run of 8 or more characters of the secret (all of it when shorter),
+ *   in any case, raw or JSON-escaped (a server may reflect the header cut short
+ *   or case-folded), becomes "[redacted]";
+ * - control characters are escaped: \n \r \t, other C0 controls and DEL as
+ *   \xHH, C1 controls and U+2028/U+2029 as \uHHHH (no log injection);
+ * - every byte of an ill-formed UTF-8 sequence becomes '?': the output is valid
+ *   UTF-8 by construction;
+ * - at most maxchars characters are kept, "..." appended when cut; nothing is
+ *   cut in the middle. The secret is removed before the cut, so a cut can never
+ *   expose a piece of it.
+ * A secret longer than COS_KEY_MAX (refused by the constructor) withholds the
+ * whole text (fail closed). */
 void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
                   size_t maxchars);
+/* The same into b, replacing its content (grown as needed; b->max ignored):
+ * 0, or -1 on ENOMEM (b unchanged). */
+int cos_sanitize_buf(cos_buf *b, const char *src, size_t srclen, const char *secret,
+                     size_t maxchars);
+/* Sanitize the exec error in place, once the exec is over (mutex taken). */
+int cos_exec_out_seal(cos_exec_out *x, const char *secret);
 /* Zero memory in a way the compiler may not elide. */
 void cos_wipe(void *p, size_t n);
 /* Bounded copy, always NUL-terminated. */

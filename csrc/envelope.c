@@ -39,10 +39,9 @@ static void set_response_error(cos_err *err, const char *op, const cos_meta *met
     if (clean[0] == '\0')
         cos_strlcpy(clean, status_reason(meta->status), sizeof clean);
     if (rid[0])
-        snprintf(err->msg, sizeof err->msg, "%s failed: HTTP %ld (request %s): %s", op, meta->status,
-                 rid, clean);
+        cos_err_set(err, kind, "%s failed: HTTP %ld (request %s): %s", op, meta->status, rid, clean);
     else
-        snprintf(err->msg, sizeof err->msg, "%s failed: HTTP %ld: %s", op, meta->status, clean);
+        cos_err_set(err, kind, "%s failed: HTTP %ld: %s", op, meta->status, clean);
 }
 
 static void set_protocol_error(cos_err *err, const char *op, const cos_meta *meta,

@@ -566,9 +566,12 @@ int cos_op_resume(cos_ctx *c, const char *id, long wait_ms, json_t **out)
             }
         }
         if (cos_now_ms() + delay > end) {
+            char state[COS_ID_MAX]; /* the server's word: sanitized like any server text */
+            cos_sanitize(state, sizeof state, s, json_is_string(st) ? json_string_length(st) : 0,
+                         c->cfg->key, 40);
             cos_err_set(c->err, COS_E_DEADLINE,
-                        "resume failed: sandbox not running after %.1f s (state \"%.40s\")",
-                        seconds(wait_ms), s);
+                        "resume failed: sandbox not running after %.1f s (state \"%s\")",
+                        seconds(wait_ms), state);
             cos_strlcpy(c->err->sandbox_id, id, sizeof c->err->sandbox_id);
             goto fail;
         }
@@ -910,21 +913,27 @@ int cos_op_exec(cos_ctx *c, const char *id, const cos_exec_args *a, cos_exec_out
 {
     double end = cos_now_ms() + (double)a->timeout_ms;
     long left;
-    int rc;
+    int rc = RUN_FALLBACK;
 
     if (a->stream) {
         rc = exec_stream(c, id, a, a->timeout_ms, xo);
-        if (rc != RUN_FALLBACK)
-            return rc;
-        cos_engine_stat_add(c->eng, COS_STAT_FALLBACKS, 1);
+        if (rc == RUN_FALLBACK)
+            cos_engine_stat_add(c->eng, COS_STAT_FALLBACKS, 1);
     }
-    left = (long)(end - cos_now_ms());
-    if (left <= 0) {
-        cos_err_set(c->err, COS_E_DEADLINE, "exec failed: deadline of %.1f s passed",
-                    seconds(a->timeout_ms));
-        return -1;
+    if (rc == RUN_FALLBACK) {
+        left = (long)(end - cos_now_ms());
+        if (left > 0) {
+            rc = exec_buffered(c, id, a, left, xo);
+        } else {
+            cos_err_set(c->err, COS_E_DEADLINE, "exec failed: deadline of %.1f s passed",
+                        seconds(a->timeout_ms));
+            rc = -1;
+        }
     }
-    return exec_buffered(c, id, a, left, xo);
+    /* the service's error text is server text: it reaches Python sanitized */
+    if (rc == 0 && cos_exec_out_seal(xo, c->cfg->key) < 0)
+        rc = nomem(c, "exec");
+    return rc;
 }
 
 /* ------------------------------------------------------ deletes, run_program */

@@ -4,10 +4,13 @@ Every network wait releases the GIL. No Python code runs on the I/O thread:
 streamed output is handed to `on_output` on the calling thread, with the GIL
 held, between network waits. See docs/native-client.md.
 
-Redaction: every server-supplied string put into an exception (message,
-request_id, code) has the API key removed, including any run of 8 or more
-characters copied from it (a server may reflect the header cut short), and
-control characters replaced; at most ~500 characters of server text are kept.
+Redaction: every string a server or a guest chose that reaches Python (exception
+message, request_id, code, ExecResult.error, the state in resume's DeadlineError,
+drain_deletes' error texts) has the API key removed, including any run of 8 or
+more characters copied from it in any case (a server may reflect the header cut
+short or case-folded), control characters escaped (as backslash escapes: n, r, t, xHH, uHHHH)
+and ill-formed UTF-8 replaced by '?'; at most ~500 characters of server text are
+kept in a message.
 """
 
 import builtins
@@ -86,7 +89,7 @@ class ExecResult:
     stdout: str
     stderr: str
     exit_code: int  # -1 only with timed_out=True (no exit status before the deadline)
-    error: str | None  # the service's result.error (command could not start)
+    error: str | None  # the service's result.error (command could not start), sanitized
     exec_ms: float | None  # the program's own time as reported by the service
     stdout_truncated: bool
     stderr_truncated: bool

@@ -40,11 +40,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     assert_no_secret(err.msg);
     assert_no_secret(err.request_id);
     assert_no_secret(err.code);
+    assert_clean_text(err.msg, strlen(err.msg));
+    assert_clean_text(err.code, strlen(err.code));
     /* every error response also goes through the error path alone */
     cos_err_clear(&err);
     meta.status = 400 + (long)(size % 200);
     cos_error_from_response("fuzz", &meta, (const char *)data, size, FUZZ_SECRET, &err);
     assert_no_secret(err.msg);
+    assert_clean_text(err.msg, strlen(err.msg));
     if (strlen(err.msg) >= sizeof err.msg)
         abort();
     return 0;

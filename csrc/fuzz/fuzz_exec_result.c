@@ -35,10 +35,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
             if (xo.error.len > COS_ERROR_TEXT_MAX)
                 abort();
+            /* what Python gets: the error text sealed (sanitized) */
+            if (cos_exec_out_seal(&xo, FUZZ_SECRET) == 0) {
+                assert_clean_text(xo.error.data, xo.error.len);
+                assert_no_secret_in(xo.error.data, xo.error.len, FUZZ_SECRET);
+            }
         }
         json_decref(payload);
     }
     assert_no_secret(err.msg);
+    assert_clean_text(err.msg, strlen(err.msg));
     cos_exec_out_free(&xo);
     return 0;
 }

@@ -36,7 +36,7 @@ def answer(status: str, headers: list[str], body: bytes) -> bytes:
 def parse_request(raw: bytes) -> Request:
     head, _, body = raw.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
-    method, target, _ = (lines[0].split(" ", 2) + ["", ""])[:3]
+    method, target, _ = [*lines[0].split(" ", 2), "", ""][:3]
     headers = [(k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in lines[1:] if line)]
     return Request(method, target, headers, body)
 
