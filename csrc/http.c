@@ -40,6 +40,10 @@ static size_t header_cb(char *line, size_t size, size_t nitems, void *ud)
     unsigned long long length = 0;
 
     switch (cos_header_line(&r->meta, line, n, &length)) {
+    case COS_HDR_STATUS:
+        /* a new response (after a 1xx, say): what the last one said no longer holds */
+        atomic_store(&r->stream_started, 0);
+        break;
     case COS_HDR_CONTENT_LENGTH:
         if (r->mode == COS_RESP_DOWNLOAD && is_2xx(r->meta.status) &&
             length > (unsigned long long)r->body_cap) {
@@ -263,6 +267,10 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
      * environment's proxies). https honours them: CONNECT keeps TLS end to end. */
     if (cfg->plain_http)
         c |= curl_easy_setopt(easy, CURLOPT_PROXY, "");
+    /* an HTTPS proxy's "200 Connection established" is not the control plane's
+     * answer: its headers never reach header_cb (7.54), so they can neither start a
+     * stream nor fill the response's status, request id or Retry-After */
+    c |= curl_easy_setopt(easy, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
     /* a stuck resolver thread is abandoned, not joined: the I/O thread never
      * waits for getaddrinfo past a deadline or a cancel */
     c |= curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);

@@ -81,7 +81,7 @@ struct cos_req {
     int done, progress, orphaned, cancelled;
     int abandoned; /* orphaned by an owner that gave up waiting after a cancel */
     atomic_int cancel;
-    atomic_int stream_started; /* a 2xx status line arrived on a stream */
+    atomic_int stream_started; /* the control plane's 2xx headers arrived on a stream (never a proxy's) */
 
     /* background completion (orphaned requests): runs on the I/O thread */
     cos_req_done_fn on_orphan_done;
