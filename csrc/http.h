@@ -80,6 +80,7 @@ struct cos_req {
     pthread_cond_t cv;
     int done, progress, orphaned, cancelled;
     int abandoned; /* orphaned by an owner that gave up waiting after a cancel */
+    int gave_up;   /* cancelled by its owner's backstop (deadline), not by close() */
     atomic_int cancel;
     atomic_int stream_started; /* the control plane's 2xx headers arrived on a stream (never a proxy's) */
 

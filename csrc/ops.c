@@ -177,54 +177,98 @@ static int slice(cos_ctx *c, cos_exec_out *xo)
     return c->aborted;
 }
 
+/* What a wait does with its request when the caller asks to stop (Ctrl-C, an
+ * exception from on_output) or when the backstop passes and the cancel does not
+ * settle in time. */
+typedef enum {
+    STOP_CANCEL, /* cancel it; if the I/O thread does not let go in time, abandon it */
+    STOP_DETACH, /* leave it to the engine, which finishes it as a background delete:
+                    counted by pending_deletes, reported by drain_deletes. Only for
+                    requests that borrow no caller memory (deletes). */
+} stop_policy;
+
 /* After a cancel: wait for the I/O thread to let go of the request, at most
- * COS_CANCEL_GRACE_MS and no longer once Ctrl-C arrives; then abandon it to the
- * engine (*rp becomes NULL: the engine frees it). 0 when it finished. */
-static int settle_cancelled(cos_ctx *c, cos_req **rp)
+ * COS_CANCEL_GRACE_MS and no longer once Ctrl-C arrives. 0 when it finished. */
+static int settle_cancelled(cos_ctx *c, cos_req *r)
 {
     double give_up = cos_now_ms() + COS_CANCEL_GRACE_MS;
     for (;;) {
-        if (cos_req_wait(*rp, COS_SLICE_MS))
+        if (cos_req_wait(r, COS_SLICE_MS))
             return 0;
         if (cos_now_ms() > give_up || (!c->aborted && slice(c, NULL)))
-            break;
+            return -1;
     }
-    if (cos_engine_abandon(c->eng, *rp))
+}
+
+/* Hand a request that is still running to the engine (*rp becomes NULL: the
+ * engine frees it). 0 when it had finished meanwhile (the caller still owns it). */
+static int let_go(cos_ctx *c, cos_req **rp, stop_policy how)
+{
+    if (how == STOP_DETACH) {
+        if (cos_engine_detach(c->eng, *rp))
+            return 0;
+        cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
+    } else if (cos_engine_abandon(c->eng, *rp)) {
         return 0;
+    }
     *rp = NULL;
     return -1;
 }
 
-/* Wait for the request to finish, in slices. The I/O thread enforces the
- * deadline through CURLOPT_TIMEOUT_MS (name resolution included: a stuck
- * resolver is abandoned, CURLOPT_QUICK_EXIT); the extra second here only
- * guards against a transfer that libcurl fails to stop, and the cancel it
- * sends is itself bounded by settle_cancelled. *rp is NULL on return when the
- * request was abandoned to the engine. */
-static int perform(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo)
+/* The one wait for a request: submit it and wait in slices. The I/O thread
+ * enforces the deadline through CURLOPT_TIMEOUT_MS (name resolution included:
+ * a stuck resolver is abandoned where libcurl can, see http.c); the extra
+ * second here only guards against a transfer that libcurl fails to stop (an
+ * I/O thread held in a system call, say), and the cancel it sends is bounded
+ * by settle_cancelled. Returns 0 when the request finished (the caller owns
+ * it). Else -1, with c->err set or c->aborted; *rp is NULL when the request was
+ * handed to the engine. */
+static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo,
+                      stop_policy how)
 {
     cos_req *r = *rp;
-    double hard_end = cos_now_ms() + (double)r->timeout_ms + 1000.0;
+    long timeout_ms = r->timeout_ms; /* r may be the engine's by the time it is reported */
+    double hard_end = cos_now_ms() + (double)timeout_ms + 1000.0;
+    int rc = -1;
+
     if (cos_engine_submit(c->eng, r, c->err) < 0)
         return -1;
     for (;;) {
-        if (cos_req_wait(r, COS_SLICE_MS))
+        if (cos_req_wait(r, COS_SLICE_MS)) {
+            rc = 0;
             break;
-        if (slice(c, xo) || cos_now_ms() > hard_end) {
-            long timeout_ms = r->timeout_ms;
+        }
+        if (slice(c, xo)) {
+            if (how == STOP_DETACH) {
+                rc = let_go(c, rp, how); /* the delete goes on without us */
+            } else {
+                cos_engine_cancel(c->eng, r);
+                if (settle_cancelled(c, r) < 0)
+                    let_go(c, rp, how);
+            }
+            break;
+        }
+        if (cos_now_ms() > hard_end) {
+            r->gave_up = 1;
             cos_engine_cancel(c->eng, r);
-            settle_cancelled(c, rp);
+            if (settle_cancelled(c, r) < 0)
+                let_go(c, rp, how);
             if (!c->aborted)
                 cos_err_set(c->err, COS_E_DEADLINE, "%s failed: deadline of %.1f s passed", op,
                             seconds(timeout_ms));
-            return -1;
+            break;
         }
     }
-    if (r->cancelled) {
+    if (rc == 0 && r->cancelled && !r->gave_up) {
         cos_err_set(c->err, COS_E_CLOSED, "%s failed: the client was closed", op);
-        return -1;
+        rc = -1;
     }
-    return 0;
+    return rc;
+}
+
+static int perform(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo)
+{
+    return perform_as(c, rp, op, xo, STOP_CANCEL);
 }
 
 /* The transfer did not complete: say why, in the error classes. */
@@ -973,6 +1017,12 @@ static const char *delete_verdict(cos_req *r, const cos_cfg *cfg, cos_err *err)
 {
     cos_ctx c = {NULL, cfg, NULL, NULL, err, 0, 0};
     json_t *data = NULL;
+    if (r->cancelled && r->gave_up) {
+        cos_err_set(err, COS_E_DEADLINE,
+                    "delete failed: deadline of %.1f s passed (the transfer was stopped)",
+                    seconds(r->timeout_ms));
+        return err->msg;
+    }
     if (r->cancelled) {
         cos_err_set(err, COS_E_CLOSED, "delete failed: the client was closed");
         return err->msg;
@@ -1025,53 +1075,32 @@ int cos_op_delete_background(cos_ctx *c, const char *id)
 }
 
 /* Delete the guest of a run: synchronously unless asked otherwise or the
- * caller is being interrupted (then at once in the background). A failed
- * synchronous delete is handed to the background for one more try. */
+ * caller is being interrupted (then at once in the background). The wait is
+ * perform's; when interrupted, the delete goes on in the background (and so
+ * does one the backstop had to give up on). A synchronous delete that did not
+ * succeed is handed to the background for one more try. Its errors never
+ * replace the run's own (c->err), but an interrupt is the caller's. */
 static void run_cleanup(cos_ctx *c, const char *id, int background)
 {
-    cos_err derr;
-    cos_ctx dc = *c;
-    cos_req *r;
-    double hard_end;
+    cos_err derr, *run_err = c->err;
+    cos_req *r = NULL;
+    int done = -1;
 
     cos_err_clear(&derr);
-    dc.err = &derr;
+    c->err = &derr;
     if (background || c->aborted) {
-        dc.aborted = 0;
-        cos_op_delete_background(&dc, id);
-        return;
+        cos_op_delete_background(c, id);
+    } else if ((r = delete_req(c->eng, c->cfg, id, 0, &derr)) != NULL) {
+        done = perform_as(c, &r, "delete", NULL, STOP_DETACH);
+        if (r != NULL && (done < 0 || delete_verdict(r, c->cfg, &derr) != NULL) &&
+            !(r->cancelled && !r->gave_up))
+            cos_op_delete_background(c, id);
     }
-    r = delete_req(c->eng, c->cfg, id, 0, &derr);
-    if (r == NULL)
-        return;
-    if (cos_engine_submit(c->eng, r, &derr) < 0) {
+    if (r != NULL)
         cos_engine_release(c->eng, r);
-        return;
-    }
-    hard_end = cos_now_ms() + (double)r->timeout_ms + 1000.0;
-    for (;;) {
-        if (cos_req_wait(r, COS_SLICE_MS))
-            break;
-        if (slice(&dc, NULL)) {
-            /* interrupted while deleting: the engine finishes the delete */
-            c->aborted = 1;
-            cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
-            if (cos_engine_detach(c->eng, r) == 0)
-                return;
-            break;
-        }
-        if (cos_now_ms() > hard_end) {
-            /* the same backstop as every other wait: the delete borrows no
-             * memory of ours, so it can be left to the engine */
-            cos_engine_cancel(c->eng, r);
-            if (settle_cancelled(&dc, &r) < 0)
-                return;
-            break;
-        }
-    }
-    if (delete_verdict(r, c->cfg, &derr) != NULL && !r->cancelled)
-        cos_op_delete_background(&dc, id);
-    cos_engine_release(c->eng, r);
+    c->err = run_err;
+    if (c->aborted)
+        cos_err_set(c->err, COS_E_ABORTED, "interrupted");
 }
 
 int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id,
