@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <structmember.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -602,6 +603,59 @@ static PyObject *c_put_egress(ClientObject *self, PyObject *args)
     return json_result(out);
 }
 
+static const char *file_kind(mode_t mode)
+{
+    return S_ISDIR(mode)    ? "a directory"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+           : S_ISSOCK(mode) ? "a socket"
+                            : "of an unknown type";
+}
+
+/* The file to stream, opened for reading without ever freezing the interpreter:
+ * the open runs with the GIL released, and with O_NONBLOCK, so a FIFO without a
+ * writer (or a device) cannot block it; what is not a regular file (a streamed
+ * upload declares its size) is refused before any read. NULL with OSError set,
+ * naming the file. */
+static FILE *open_regular_file(const char *path, PyObject *name, long long *size)
+{
+    struct stat st;
+    FILE *fp = NULL;
+    PyObject *msg = NULL, *exc = NULL;
+    int fd, flags, err = 0;
+
+    Py_BEGIN_ALLOW_THREADS
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) < 0)
+        err = errno;
+    else if (S_ISREG(st.st_mode) &&
+             ((flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0 ||
+              (fp = fdopen(fd, "rb")) == NULL))
+        err = errno;
+    if (fp == NULL && fd >= 0)
+        close(fd);
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name);
+    } else if (fp == NULL) {
+        msg = PyUnicode_FromFormat(
+            "not a regular file (it is %s): upload(file=) streams regular files only",
+            file_kind(st.st_mode));
+        if (msg != NULL)
+            exc = PyObject_CallFunction(PyExc_OSError, "iOO", S_ISDIR(st.st_mode) ? EISDIR : EINVAL,
+                                        msg, name);
+        if (exc != NULL)
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    } else {
+        *size = (long long)st.st_size;
+    }
+    Py_XDECREF(msg);
+    Py_XDECREF(exc);
+    return fp;
+}
+
 static PyObject *c_upload_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "path", "data", "file", NULL};
@@ -624,22 +678,9 @@ static PyObject *c_upload_impl(ClientObject *self, PyObject *args, PyObject *kwd
         if (PyObject_GetBuffer(data_o, &buf, PyBUF_SIMPLE) < 0)
             return NULL;
     } else {
-        struct stat stt;
-        const char *fs;
-        if (!PyUnicode_FSConverter(file_o, &fspath))
-            return NULL;
-        fs = PyBytes_AS_STRING(fspath);
-        fp = fopen(fs, "rb");
-        if (fp == NULL || fstat(fileno(fp), &stt) < 0) {
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, file_o);
+        if (!PyUnicode_FSConverter(file_o, &fspath) ||
+            (fp = open_regular_file(PyBytes_AS_STRING(fspath), file_o, &size)) == NULL)
             goto done;
-        }
-        if (!S_ISREG(stt.st_mode)) {
-            errno = EISDIR; /* streamed with a declared size: regular files only */
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, file_o);
-            goto done;
-        }
-        size = (long long)stt.st_size;
     }
     {
         CALL_BEGIN(self, NULL);

@@ -148,7 +148,10 @@ class Client:
         data: bytes | None = None,
         *,
         file: str | PathLike[str] | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Upload bytes, or stream a regular file from disk. The file is opened without
+        blocking the interpreter; anything but a regular file (a FIFO, a device, a
+        directory) raises OSError naming it, before anything is read."""
     def download(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
         """A 2xx Content-Length above max_bytes is refused before the body; a body
         that passes max_bytes aborts the transfer. Both raise UnavailableError with
