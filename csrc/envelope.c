@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "jsonload.h"
+
 static const char *status_reason(long status)
 {
     switch (status) {
@@ -101,11 +103,12 @@ void cos_error_from_response(const char *op, const cos_meta *meta, const char *b
     const char *status = NULL;
     json_error_t jerr;
     cos_buf text = {0};
+    int refused = 0;
 
     if (kind == COS_OK)
         kind = COS_E_PROTOCOL;
-    if (len > 0)
-        root = json_loadb(body, len, 0, &jerr);
+    if (len > 0) /* an error body too big to parse within bounds shows as text */
+        root = cos_json_load(body, len, 0, 0, &jerr, &refused);
     if (root != NULL && json_unpack_ex(root, &jerr, 0, "{s:s}", "status", &status) == 0) {
         if (strcmp(status, "fail") == 0) {
             json_t *data = json_object_get(root, "data");
@@ -132,14 +135,14 @@ void cos_error_from_response(const char *op, const cos_meta *meta, const char *b
 }
 
 int cos_envelope_parse(const char *op, const cos_meta *meta, const char *body, size_t len,
-                       const char *secret, cos_err *err, json_t **data)
+                       int to_python, const char *secret, cos_err *err, json_t **data)
 {
     json_t *root = NULL;
     json_t *payload = NULL;
     const char *status = NULL;
     json_error_t jerr;
-    char what[128];
-    int rc = -1;
+    char what[160];
+    int rc = -1, refused = 0;
 
     *data = NULL;
     if (meta->status < 200 || meta->status >= 300) {
@@ -159,7 +162,15 @@ int cos_envelope_parse(const char *op, const cos_meta *meta, const char *body, s
         set_protocol_error(err, op, meta, secret, "response body too large");
         goto done;
     }
-    root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
+    root = cos_json_load(body, len, JSON_ALLOW_NUL, to_python, &jerr, &refused);
+    if (refused) {
+        snprintf(what, sizeof what,
+                 "response too complex to parse within memory bounds (%zu bytes of JSON; at "
+                 "most %d x the body, or %zu MiB, is spent on a parse)",
+                 len, COS_JSON_BUDGET_FACTOR, COS_JSON_BUDGET_FLOOR >> 20);
+        set_protocol_error(err, op, meta, secret, what);
+        goto done;
+    }
     if (root == NULL) {
         /* jerr.text quotes the body: it stays out of the message. */
         snprintf(what, sizeof what, "response is not valid JSON (at byte %d of %zu)",

@@ -1,6 +1,8 @@
 #include "ndjson.h"
 
 #include <jansson.h>
+
+#include "jsonload.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +43,7 @@ static int handle_line(cos_ndjson *p, const char *s, size_t n)
 {
     json_t *frame, *hb, *so, *se, *er, *ec;
     json_error_t jerr;
-    int rc = COS_ND_OK;
+    int rc = COS_ND_OK, refused = 0;
 
     if (n > 0 && s[n - 1] == '\r')
         n--;
@@ -65,9 +67,10 @@ static int handle_line(cos_ndjson *p, const char *s, size_t n)
     if (n == 0)
         return COS_ND_OK;
 
-    frame = json_loadb(s, n, JSON_ALLOW_NUL, &jerr);
+    frame = cos_json_load(s, n, JSON_ALLOW_NUL, 0, &jerr, &refused);
     if (frame == NULL)
-        return fail(p, "stream line is not JSON");
+        return fail(p, refused ? "stream line too complex to parse within memory bounds"
+                               : "stream line is not JSON");
     if (!json_is_object(frame)) {
         rc = fail(p, "stream line is not a JSON object");
         goto done;

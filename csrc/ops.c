@@ -379,7 +379,7 @@ static int json_call(cos_ctx *c, const char *op, const char *method, char *url, 
         transport_error(c, r, op);
         goto done;
     }
-    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err, data);
+    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, 1, c->cfg->key, c->err, data);
 done:
     if (r)
         cos_engine_release(c->eng, r);
@@ -743,7 +743,7 @@ int cos_op_upload(cos_ctx *c, const char *id, const char *path, const char *data
         transport_error(c, r, op);
         goto done;
     }
-    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err, &out);
+    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, 0, c->cfg->key, c->err, &out);
 done:
     json_decref(out);
     if (r)
@@ -931,7 +931,7 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
         transport_error(c, r, op);
         goto done;
     }
-    if (cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err, &data) < 0)
+    if (cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, 0, c->cfg->key, c->err, &data) < 0)
         goto done;
     if (!json_is_object(data)) {
         cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: response data is not an object");
@@ -1033,7 +1033,7 @@ static const char *delete_verdict(cos_req *r, const cos_cfg *cfg, cos_err *err)
     }
     if (r->meta.status == 404)
         return NULL;
-    if (cos_envelope_parse("delete", &r->meta, r->body.data, r->body.len, cfg->key, err, &data) < 0)
+    if (cos_envelope_parse("delete", &r->meta, r->body.data, r->body.len, 0, cfg->key, err, &data) < 0)
         return err->msg;
     json_decref(data);
     return NULL;
