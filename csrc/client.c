@@ -6,7 +6,6 @@
 
 #include <math.h>
 #include <stddef.h>
-#include <structmember.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -210,8 +209,10 @@ static int track(ClientObject *self)
     if ((live = PyList_New(0)) == NULL)
         return -1;
     for (i = 0; i < PyList_GET_SIZE(st->clients); i++) {
-        PyObject *r = PyList_GET_ITEM(st->clients, i);
-        if (PyWeakref_GetObject(r) != Py_None && PyList_Append(live, r) < 0)
+        PyObject *r = PyList_GET_ITEM(st->clients, i), *obj = PyObject_CallNoArgs(r);
+        int dead = obj == Py_None;
+        Py_XDECREF(obj);
+        if (obj == NULL || (!dead && PyList_Append(live, r) < 0))
             goto error;
     }
     if ((ref = PyWeakref_NewRef((PyObject *)self, NULL)) == NULL)
@@ -1077,9 +1078,19 @@ static PyMethodDef client_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *client_base_url(ClientObject *self, void *closure)
+{
+    (void)closure;
+    return Py_NewRef(self->base_url ? self->base_url : Py_None); /* None before __init__ */
+}
+
+static PyGetSetDef client_getset[] = {
+    {"base_url", (getter)client_base_url, NULL, "The normalised base URL.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMemberDef client_members[] = {
-    {"base_url", T_OBJECT, offsetof(ClientObject, base_url), READONLY, "The normalised base URL."},
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(ClientObject, weakreflist), READONLY, NULL},
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(ClientObject, weakreflist), Py_READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -1092,6 +1103,7 @@ static PyType_Slot client_slots[] = {
     {Py_tp_repr, client_repr},
     {Py_tp_methods, client_methods},
     {Py_tp_members, client_members},
+    {Py_tp_getset, client_getset},
     {Py_tp_doc, "Thread-safe CreateOS control-plane client; share one per process."},
     {0, NULL},
 };

@@ -360,6 +360,20 @@ int cos_exec_out_seal(cos_exec_out *x, const char *secret)
     return rc;
 }
 
+int cos_ascii_alnum(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+int cos_ascii_caseeq(const char *a, const char *b, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (ascii_lower((unsigned char)a[i]) != ascii_lower((unsigned char)b[i]))
+            return 0;
+    return 1;
+}
+
 void cos_wipe(void *p, size_t n)
 {
     volatile unsigned char *v = p;

@@ -140,6 +140,13 @@ int cos_sanitize_buf(cos_buf *b, const char *src, size_t srclen, const char *sec
                      size_t maxchars);
 /* Sanitize the exec error in place, once the exec is over (mutex taken). */
 int cos_exec_out_seal(cos_exec_out *x, const char *secret);
+/* ASCII only, whatever the process locale: setlocale() (which an application may
+ * call) changes what the C library takes for a letter, for the lower case of 'I'
+ * or for the decimal point. */
+int cos_ascii_alnum(unsigned char c);
+/* Whether a[0..n) and b[0..n) are equal, ASCII case ignored. */
+int cos_ascii_caseeq(const char *a, const char *b, size_t n);
+
 /* Zero memory in a way the compiler may not elide. */
 void cos_wipe(void *p, size_t n);
 /* Bounded copy, always NUL-terminated. */

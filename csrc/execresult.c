@@ -3,7 +3,6 @@
 #include "module.h"
 
 #include <stddef.h>
-#include <structmember.h>
 
 typedef struct {
     PyObject_HEAD
@@ -32,7 +31,7 @@ typedef struct {
     X(timed_out, "timed_out")
 
 static PyMemberDef er_members[] = {
-#define X(field, name) {name, T_OBJECT, offsetof(ExecResultObject, field), READONLY, NULL},
+#define X(field, name) {name, Py_T_OBJECT_EX, offsetof(ExecResultObject, field), Py_READONLY, NULL},
     ER_FIELDS(X)
 #undef X
     {NULL, 0, 0, 0, NULL},

@@ -2,7 +2,6 @@
 
 #include "headers.h"
 
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +14,7 @@ char *cos_escape(const char *s)
         return NULL;
     for (i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (isalnum(c) || c == '-' || c == '_' || c == '~') {
+        if (cos_ascii_alnum(c) || c == '-' || c == '_' || c == '~') {
             out[o++] = (char)c;
         } else {
             /* '.' too: ".." must never become a dot segment */

@@ -91,12 +91,11 @@ static PyObject *after_fork_child(PyObject *module, PyObject *unused)
         Py_RETURN_NONE;
     n = PyList_GET_SIZE(st->clients);
     for (i = 0; i < n; i++) {
-        PyObject *obj = PyWeakref_GetObject(PyList_GET_ITEM(st->clients, i));
-        if (obj != NULL && obj != Py_None) {
-            Py_INCREF(obj);
+        /* calling a weakref gives a new reference to its object, or None */
+        PyObject *obj = PyObject_CallNoArgs(PyList_GET_ITEM(st->clients, i));
+        if (obj != NULL && obj != Py_None)
             cos_client_after_fork(obj);
-            Py_DECREF(obj);
-        }
+        Py_XDECREF(obj);
     }
     PyErr_Clear();
     Py_RETURN_NONE;

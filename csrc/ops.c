@@ -4,7 +4,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 #define PAGE_LIMIT 500
@@ -20,7 +19,7 @@ static int is_loopback(const char *host)
     struct in_addr a4;
     struct in6_addr a6;
 
-    if (strcasecmp(host, "localhost") == 0 || strcasecmp(host, "localhost.") == 0)
+    if ((n == 9 || (n == 10 && host[9] == '.')) && cos_ascii_caseeq(host, "localhost", 9))
         return 1;
     if (inet_pton(AF_INET, host, &a4) == 1)
         return (ntohl(a4.s_addr) >> 24) == 127;
@@ -531,6 +530,15 @@ int cos_op_list(cos_ctx *c, const char *prefix, const char *status, json_t **out
     return all_pages(c, "list", "/v1/sandboxes", query, "sandboxes", &filter, out);
 }
 
+static int has_control(const char *s, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7F)
+            return 1;
+    return 0;
+}
+
 int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
 {
     json_t *id;
@@ -541,11 +549,16 @@ int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
     if (!json_is_string(id) || json_string_length(id) == 0 ||
         json_string_length(id) >= COS_ID_MAX) {
         cos_err_set(c->err, COS_E_PROTOCOL, "create failed: response has no sandbox id");
-        json_decref(*out);
-        *out = NULL;
-        return -1;
+    } else if (has_control(json_string_value(id), json_string_length(id))) {
+        /* "sb-1\u0000x" must never be cut into "sb-1", another sandbox's id */
+        cos_err_set(c->err, COS_E_PROTOCOL,
+                    "create failed: the sandbox id in the response holds a NUL or control character");
+    } else {
+        return 0;
     }
-    return 0;
+    json_decref(*out);
+    *out = NULL;
+    return -1;
 }
 
 int cos_op_get(cos_ctx *c, const char *id, json_t **out)
@@ -923,7 +936,11 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
     if (exec_request(c, id, a, 0, timeout_ms, &spec) < 0)
         return -1;
     spec.mode = COS_RESP_JSON;
-    /* both streams at the cap, JSON-escaped, fit; more cannot be parsed */
+    /* 4 x max_output + 1 MiB holds both streams at the cap when JSON escapes each
+     * byte into at most 2 (text: '"', '\\', and non-ASCII as is). Escaped control
+     * characters take 6 bytes (\u0001) and \u-escaped non-ASCII 2-3 times its
+     * UTF-8: such output near the cap can pass it, and the answer is then refused
+     * as ProtocolError (streaming exec, which has no body cap, is not affected). */
     spec.body_cap = limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
     if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;

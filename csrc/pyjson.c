@@ -60,6 +60,14 @@ PyObject *cos_json_to_py(json_t *j)
 
 static json_t *py_to_json(PyObject *o, int depth);
 
+/* jansson returns NULL only for want of memory here: say so, as CPython would. */
+static json_t *no_memory_if_null(json_t *j)
+{
+    if (j == NULL)
+        PyErr_NoMemory();
+    return j;
+}
+
 /* A mapping -> JSON object. items() is user code: whatever it returns is
  * snapshotted into a tuple we own (nested conversions run more user code that
  * may mutate the list it returned), and every item must be a (str, value) pair. */
@@ -98,7 +106,7 @@ static json_t *mapping_to_json(PyObject *o, int depth)
             (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
             goto error;
         if (json_object_setn_new(out, ks, (size_t)klen, v) < 0) {
-            PyErr_SetString(PyExc_ValueError, "invalid JSON object key");
+            PyErr_NoMemory(); /* the key is valid UTF-8 (Python's own) */
             goto error;
         }
     }
@@ -147,7 +155,6 @@ error:
 /* Python value -> new jansson value; NULL with a Python exception. */
 static json_t *py_to_json(PyObject *o, int depth)
 {
-    json_t *out = NULL;
     Py_ssize_t n;
 
     if (depth > 64) {
@@ -167,7 +174,7 @@ static json_t *py_to_json(PyObject *o, int depth)
             PyErr_SetString(PyExc_ValueError, "integer out of the JSON range (64-bit signed)");
             return NULL;
         }
-        return json_integer(v);
+        return no_memory_if_null(json_integer(v));
     }
     if (PyFloat_Check(o)) {
         double d = PyFloat_AS_DOUBLE(o);
@@ -175,16 +182,14 @@ static json_t *py_to_json(PyObject *o, int depth)
             PyErr_SetString(PyExc_ValueError, "NaN and infinity are not JSON");
             return NULL;
         }
-        return json_real(d);
+        return no_memory_if_null(json_real(d));
     }
     if (PyUnicode_Check(o)) {
         const char *s = PyUnicode_AsUTF8AndSize(o, &n);
         if (s == NULL)
             return NULL;
-        out = json_stringn(s, (size_t)n);
-        if (out == NULL)
-            PyErr_SetString(PyExc_ValueError, "value cannot be encoded as JSON");
-        return out;
+        /* Python's UTF-8 is valid UTF-8: jansson fails only for want of memory */
+        return no_memory_if_null(json_stringn(s, (size_t)n));
     }
     if (PyDict_Check(o) || (PyMapping_Check(o) && !PySequence_Check(o)))
         return mapping_to_json(o, depth);
