@@ -250,7 +250,7 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     c |= curl_easy_setopt(easy, CURLOPT_USERAGENT, cfg->user_agent);
     c |= curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-#if LIBCURL_VERSION_NUM >= 0x075500
+#if COS_HAVE_PROTOCOLS_STR
     c |= curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
 #else
     c |= curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
@@ -270,9 +270,13 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
      * answer: its headers never reach header_cb (7.54), so they can neither start a
      * stream nor fill the response's status, request id or Retry-After */
     c |= curl_easy_setopt(easy, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+#if COS_HAVE_QUICK_EXIT
     /* a stuck resolver thread is abandoned, not joined: the I/O thread never
-     * waits for getaddrinfo past a deadline or a cancel */
+     * waits for getaddrinfo past a deadline or a cancel (older libcurl joins it:
+     * each call still ends at its deadline through the caller's backstop, but
+     * the I/O thread, and so the client's other calls and close(), wait) */
     c |= curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
+#endif
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
     if (cfg->ca_file != NULL)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "common.h"
+#include "compat.h"
 #include "ndjson.h"
 
 typedef struct cos_cfg {

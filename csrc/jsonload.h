@@ -10,6 +10,8 @@
 #include <jansson.h>
 #include <stddef.h>
 
+#include "compat.h"
+
 /* Everything a parse may hold at once, beyond the body itself: */
 #define COS_JSON_BUDGET_FACTOR 4            /* ... at most 4 x the body */
 #define COS_JSON_BUDGET_FLOOR ((size_t)32 << 20) /* ... or 32 MiB, for small bodies */

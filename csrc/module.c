@@ -185,6 +185,39 @@ error:
     return rc;
 }
 
+/* What the headers the module was built with allow (compat.h), by name. */
+static int add_build_features(PyObject *module)
+{
+    static const struct {
+        const char *name;
+        int have;
+    } features[] = {
+        {"quick_exit", COS_HAVE_QUICK_EXIT},
+        {"json_keys_with_nul", COS_HAVE_JSON_KEYLEN},
+    };
+    PyObject *set = PyFrozenSet_New(NULL), *name;
+    size_t i;
+    int rc = -1;
+
+    if (set == NULL)
+        goto done;
+    for (i = 0; i < sizeof features / sizeof features[0]; i++) {
+        int added;
+        if (!features[i].have)
+            continue;
+        if ((name = PyUnicode_FromString(features[i].name)) == NULL)
+            goto done;
+        added = PySet_Add(set, name); /* allowed on a frozenset nobody else has seen */
+        Py_DECREF(name);
+        if (added < 0)
+            goto done;
+    }
+    rc = PyModule_AddObjectRef(module, "build_features", set);
+done:
+    Py_XDECREF(set);
+    return rc;
+}
+
 static int module_exec(PyObject *module)
 {
     cos_state *st = get_state(module);
@@ -215,6 +248,9 @@ static int module_exec(PyObject *module)
     if (PyModule_AddStringConstant(module, "__version__", MODULE_VERSION) < 0 ||
         PyModule_AddStringConstant(module, "curl_version", curl_version_info(CURLVERSION_NOW)->version) < 0 ||
         PyModule_AddStringConstant(module, "jansson_version", jv) < 0 ||
+        PyModule_AddStringConstant(module, "build_curl_version", LIBCURL_VERSION) < 0 ||
+        PyModule_AddStringConstant(module, "build_jansson_version", JANSSON_VERSION) < 0 ||
+        add_build_features(module) < 0 ||
         PyModule_AddIntConstant(module, "DEFAULT_MAX_OUTPUT_BYTES", (long)COS_DEFAULT_MAX_OUTPUT) < 0 ||
         PyModule_AddIntConstant(module, "MAX_OUTPUT_BYTES_LIMIT", (long)COS_MAX_OUTPUT_LIMIT) < 0)
         return -1;

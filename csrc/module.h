@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "common.h"
+#include "compat.h"
 
 typedef struct {
     PyObject *CreateOSError;

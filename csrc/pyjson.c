@@ -6,11 +6,42 @@
 
 #include <math.h>
 
+/* The length of the key at an object iterator. */
+static size_t key_len(void *iter)
+{
+#if COS_HAVE_JSON_KEYLEN
+    return json_object_iter_key_len(iter);
+#else
+    return strlen(json_object_iter_key(iter)); /* no key holds NUL before 2.14 */
+#endif
+}
+
+/* obj[key[0..len)] = v, v stolen. -1 with an exception set. */
+static int set_member(json_t *obj, const char *key, size_t len, json_t *v)
+{
+#if COS_HAVE_JSON_KEYLEN
+    if (json_object_setn_new(obj, key, len, v) == 0)
+        return 0;
+#else
+    if (memchr(key, '\0', len) != NULL) {
+        /* refused, never cut at the NUL */
+        json_decref(v);
+        PyErr_Format(PyExc_ValueError,
+                     "a JSON object key holding NUL needs jansson 2.14 or newer (built with %s)",
+                     JANSSON_VERSION);
+        return -1;
+    }
+    if (json_object_set_new(obj, key, v) == 0)
+        return 0;
+#endif
+    PyErr_NoMemory(); /* the key is valid UTF-8 (Python's own) */
+    return -1;
+}
+
 PyObject *cos_json_to_py(json_t *j)
 {
     PyObject *out = NULL, *v;
-    const char *k;
-    size_t klen;
+    void *it;
     json_t *jv;
     size_t i;
 
@@ -18,10 +49,11 @@ PyObject *cos_json_to_py(json_t *j)
     case JSON_OBJECT:
         if ((out = PyDict_New()) == NULL)
             return NULL;
-        /* keys by length: a key may hold NUL (\u0000) */
-        json_object_keylen_foreach(j, k, klen, jv) {
-            PyObject *key = cos_decode(k, klen);
+        /* keys by length: with jansson 2.14 a key may hold NUL (\u0000) */
+        for (it = json_object_iter(j); it != NULL; it = json_object_iter_next(j, it)) {
+            PyObject *key = cos_decode(json_object_iter_key(it), key_len(it));
             int bad;
+            jv = json_object_iter_value(it);
             v = key ? cos_json_to_py(jv) : NULL;
             bad = v == NULL || PyDict_SetItem(out, key, v) < 0;
             Py_XDECREF(key);
@@ -105,10 +137,8 @@ static json_t *mapping_to_json(PyObject *o, int depth)
         if ((ks = PyUnicode_AsUTF8AndSize(key, &klen)) == NULL ||
             (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
             goto error;
-        if (json_object_setn_new(out, ks, (size_t)klen, v) < 0) {
-            PyErr_NoMemory(); /* the key is valid UTF-8 (Python's own) */
+        if (set_member(out, ks, (size_t)klen, v) < 0)
             goto error;
-        }
     }
     Py_DECREF(items);
     Py_DECREF(snap);

@@ -19,8 +19,13 @@ from os import PathLike
 from typing import Any, Literal, final
 
 __version__: str
-curl_version: str
-jansson_version: str
+curl_version: str  # the libcurl loaded at run time
+jansson_version: str  # the jansson loaded at run time
+build_curl_version: str  # the libcurl headers built with (at least 7.74.0)
+build_jansson_version: str  # the jansson headers built with (at least 2.13)
+# what those headers allow: "quick_exit" (libcurl >= 7.87: a stuck resolver never holds the
+# I/O thread), "json_keys_with_nul" (jansson >= 2.14: object keys holding NUL can be sent)
+build_features: frozenset[str]
 
 DEFAULT_MAX_OUTPUT_BYTES: int  # 16 MiB per stream
 MAX_OUTPUT_BYTES_LIMIT: int  # 1 GiB: the largest max_output_bytes accepted (ValueError above)
