@@ -207,43 +207,25 @@ static void free_headers(struct curl_slist *list)
     curl_slist_free_all(list);
 }
 
-cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_req_spec *spec,
-                     cos_err *err)
+/* The request's header lines: the key, what it accepts and what it sends.
+ * -1 on ENOMEM (the lines made so far are freed with the request). */
+static int build_headers(cos_req *r, const cos_cfg *cfg, const cos_req_spec *spec)
 {
-    cos_req *r = calloc(1, sizeof *r);
-    pthread_condattr_t ca;
-    CURLcode c = CURLE_OK;
-    int ok = 0;
-
-    if (r == NULL)
-        goto nomem;
-    r->easy = easy;
-    r->mode = spec->mode;
-    r->body_cap = spec->body_cap;
-    r->timeout_ms = spec->timeout_ms;
-    r->upload = spec->upload;
-    r->upload_mem = spec->upload_mem;
-    r->upload_size = spec->upload_size;
-    r->xo = spec->xo;
-    r->notify_output = spec->notify_output;
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    if (r->mode == COS_RESP_STREAM)
-        cos_ndjson_init(&r->nd, COS_NDJSON_MAX_LINE, frame_cb, r->xo);
-    if ((r->url = strdup(spec->url)) == NULL)
-        goto nomem;
-
     /* "Content-Type:" without a value stops libcurl adding a form type */
     if (add_header(&r->headers, "X-Api-Key", cfg->key) < 0 ||
         add_header(&r->headers, "Accept", spec->accept ? spec->accept : "application/json") < 0 ||
         (spec->content_type ? add_header(&r->headers, "Content-Type", spec->content_type)
                             : add_line(&r->headers, "Content-Type:")) < 0 ||
         add_line(&r->headers, "Expect:") < 0)
-        goto nomem;
+        return -1;
+    return 0;
+}
 
+/* What every request shares: protocols, TLS, proxies, deadlines, callbacks. */
+static CURLcode set_transport(CURL *easy, cos_req *r, const cos_cfg *cfg, CURLSH *share,
+                              long timeout_ms)
+{
+    CURLcode c = CURLE_OK;
     c |= curl_easy_setopt(easy, CURLOPT_URL, r->url);
     c |= curl_easy_setopt(easy, CURLOPT_PRIVATE, r);
     c |= curl_easy_setopt(easy, CURLOPT_HTTPHEADER, r->headers);
@@ -256,7 +238,7 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     c |= curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
 #endif
     c |= curl_easy_setopt(easy, CURLOPT_PATH_AS_IS, 1L);
-    c |= curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, spec->timeout_ms > 0 ? spec->timeout_ms : 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms > 0 ? timeout_ms : 1L);
     c |= curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, cfg->connect_ms);
     c |= curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
     c |= curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
@@ -291,7 +273,14 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     c |= curl_easy_setopt(easy, CURLOPT_NOPROGRESS, 0L);
     c |= curl_easy_setopt(easy, CURLOPT_XFERINFOFUNCTION, xferinfo_cb);
     c |= curl_easy_setopt(easy, CURLOPT_XFERINFODATA, r);
+    return c;
+}
 
+/* The method, and the body it sends: a PUT streamed from the caller's file or
+ * memory (through read_cb), or a copy (nothing sent is the caller's memory). */
+static CURLcode set_method(CURL *easy, cos_req *r, const cos_req_spec *spec)
+{
+    CURLcode c = CURLE_OK;
     if (spec->upload != NULL || spec->upload_mem != NULL) {
         c |= curl_easy_setopt(easy, CURLOPT_UPLOAD, 1L);
         c |= curl_easy_setopt(easy, CURLOPT_READFUNCTION, read_cb);
@@ -305,25 +294,50 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     } else if (strcmp(spec->method, "DELETE") == 0 && spec->body == NULL) {
         c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "DELETE");
     } else {
-        /* copied: nothing the request sends is the caller's memory */
         c |= curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
         c |= curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, spec->body ? spec->body : "");
         c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
     }
-    if (c != CURLE_OK) {
+    return c;
+}
+
+cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_req_spec *spec,
+                     cos_err *err)
+{
+    cos_req *r = calloc(1, sizeof *r);
+    pthread_condattr_t ca;
+
+    if (r == NULL)
+        goto nomem;
+    r->easy = easy;
+    r->mode = spec->mode;
+    r->body_cap = spec->body_cap;
+    r->timeout_ms = spec->timeout_ms;
+    r->upload = spec->upload;
+    r->upload_mem = spec->upload_mem;
+    r->upload_size = spec->upload_size;
+    r->xo = spec->xo;
+    r->notify_output = spec->notify_output;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (r->mode == COS_RESP_STREAM)
+        cos_ndjson_init(&r->nd, COS_NDJSON_MAX_LINE, frame_cb, r->xo);
+    if ((r->url = strdup(spec->url)) == NULL || build_headers(r, cfg, spec) < 0)
+        goto nomem;
+    if (set_transport(easy, r, cfg, share, spec->timeout_ms) != CURLE_OK ||
+        set_method(easy, r, spec) != CURLE_OK) {
         cos_err_set(err, COS_E_CONFIG, "could not configure the request (libcurl option refused)");
         goto error;
     }
-    ok = 1;
-    goto error;
+    return r;
 nomem:
     cos_err_set(err, COS_E_NOMEM, "out of memory");
 error:
-    if (!ok && r != NULL) {
-        cos_req_free(r);
-        r = NULL;
-    }
-    return r;
+    cos_req_free(r);
+    return NULL;
 }
 
 CURL *cos_req_free(cos_req *r)

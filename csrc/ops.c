@@ -231,7 +231,7 @@ static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo
     int rc = -1;
 
     if (cos_engine_submit(c->eng, r, c->err) < 0)
-        return -1;
+        goto done;
     for (;;) {
         if (cos_req_wait(r, COS_SLICE_MS)) {
             rc = 0;
@@ -262,6 +262,7 @@ static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo
         cos_err_set(c->err, COS_E_CLOSED, "%s failed: the client was closed", op);
         rc = -1;
     }
+done:
     return rc;
 }
 
