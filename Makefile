@@ -13,7 +13,7 @@ NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) setup.py pyproject.toml
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 20
 
-.PHONY: run langflow dist wheel-manylinux test test-fast sanitize fuzz native-oldlibs bench soak lint format typecheck deps native clean
+.PHONY: run langflow dist wheel-manylinux test test-fast sanitize fuzz native-oldlibs format-c bench soak lint format typecheck deps native clean
 
 deps:
 	@scripts/install-system-deps.sh
@@ -67,6 +67,10 @@ sanitize: $(STAMP)
 
 fuzz: deps
 	$(MAKE) -C csrc/fuzz run FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+# csrc/ in the style of .clang-format (clang-format 14: apt-get install clang-format).
+format-c:
+	clang-format -i csrc/*.c csrc/*.h csrc/fuzz/*.c csrc/fuzz/*.h
 
 # The oldest libcurl and jansson supported (csrc/compat.h): Debian 11's 7.74.0 and 2.13.1,
 # headers and libraries, fetched from Debian's mirror and verified by

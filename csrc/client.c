@@ -49,7 +49,8 @@ static cos_engine *engine_of(ClientObject *self)
     }
     if (!self->ready) {
         /* Client.__new__(Client), or an __init__ that failed */
-        PyErr_SetString(PyExc_RuntimeError, "the Client is not initialised (__init__ did not succeed)");
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the Client is not initialised (__init__ did not succeed)");
         return NULL;
     }
     cos_client_after_fork((PyObject *)self); /* a fork the hook did not see */
@@ -166,7 +167,8 @@ static int parse_timeout(PyObject *o, const char *what, long *ms, int allow_none
     if (t == -1.0 && PyErr_Occurred())
         return -1;
     if (!isfinite(t) || t <= 0 || t > 30.0 * 86400.0) {
-        PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds (at most 30 days)", what);
+        PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds (at most 30 days)",
+                     what);
         return -1;
     }
     *ms = (long)ceil(t * 1000.0);
@@ -242,7 +244,8 @@ error:
 
 static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"base_url", "api_key", "connect_timeout", "control_timeout", "user_agent", NULL};
+    static char *kw[] = {"base_url",        "api_key",    "connect_timeout",
+                         "control_timeout", "user_agent", NULL};
     PyObject *url_o, *key_o, *ct = NULL, *cto = NULL, *ua_o = Py_None;
     const char *url, *key, *ua = NULL, *ca;
     Py_ssize_t url_len = 0, key_len = 0;
@@ -266,7 +269,9 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
         strlen(key) != (size_t)key_len) {
         /* neither the key nor the URL is quoted in the error */
         PyErr_Clear();
-        cos_err_set(&err, COS_E_CONFIG, "the base URL (CREATEOS_SANDBOX_BASE_URL) and the API key must be text without NUL characters");
+        cos_err_set(&err, COS_E_CONFIG,
+                    "the base URL (CREATEOS_SANDBOX_BASE_URL) and the API key must be text without "
+                    "NUL characters");
         goto config_error;
     }
     if (cos_check_key(key, &err) < 0 || cos_check_base_url(url, &self->cfg.base, &err) < 0)
@@ -359,7 +364,8 @@ static void client_dealloc(ClientObject *self)
 
 static PyObject *client_repr(ClientObject *self)
 {
-    return PyUnicode_FromFormat("<createos Client base_url=%R%s>", self->base_url ? self->base_url : Py_None,
+    return PyUnicode_FromFormat("<createos Client base_url=%R%s>",
+                                self->base_url ? self->base_url : Py_None,
                                 self->closed ? " closed" : "");
 }
 
@@ -801,8 +807,8 @@ static PyObject *finish_exec(ClientObject *self, exec_params *p, cos_exec_out *x
 
 static PyObject *exec_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"sandbox_id", "cmd", "args", "stdin", "env", "timeout", "max_output_bytes",
-                         "stream", "on_output", NULL};
+    static char *kw[] = {"sandbox_id",       "cmd",    "args",      "stdin", "env", "timeout",
+                         "max_output_bytes", "stream", "on_output", NULL};
     PyObject *id_o, *cmd_o, *args_o = NULL, *stdin_o = Py_None, *env_o = Py_None, *timeout_o = NULL,
                             *on_output = Py_None, *result = NULL;
     Py_ssize_t max_output = (Py_ssize_t)COS_DEFAULT_MAX_OUTPUT;
@@ -812,8 +818,9 @@ static PyObject *exec_impl(ClientObject *self, PyObject *args, PyObject *kwds)
     cos_exec_out xo;
     native_call nc;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnpO", kw, &id_o, &cmd_o, &args_o, &stdin_o,
-                                     &env_o, &timeout_o, &max_output, &stream, &on_output) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnpO", kw, &id_o, &cmd_o, &args_o,
+                                     &stdin_o, &env_o, &timeout_o, &max_output, &stream,
+                                     &on_output) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
         parse_exec_common(&p, cmd_o, args_o, stdin_o, env_o, timeout_o, max_output, on_output) < 0)
         goto done;
@@ -863,7 +870,8 @@ static int parse_files(PyObject *files_o, PyObject **snapshot, cos_file **files,
         PyObject *item = PyTuple_GET_ITEM(*snapshot, i);
         char *data;
         Py_ssize_t len;
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 || !PyBytes_Check(PyTuple_GET_ITEM(item, 1)))
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(item, 1)))
             goto type_error;
         if (((*files)[i].path = arg_cstr(PyTuple_GET_ITEM(item, 0), "file path", 4096)) == NULL ||
             PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), &data, &len) < 0)
@@ -879,11 +887,12 @@ type_error:
 
 static PyObject *run_program_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"create", "cmd", "args", "files", "stdin", "timeout", "max_output_bytes",
-                         "on_output", "delete", "sandbox_id", "env", NULL};
+    static char *kw[] = {
+        "create",           "cmd",       "args",   "files",      "stdin", "timeout",
+        "max_output_bytes", "on_output", "delete", "sandbox_id", "env",   NULL};
     PyObject *create_o, *cmd_o, *args_o = NULL, *files_o = NULL, *stdin_o = Py_None,
-                                *timeout_o = NULL, *on_output = Py_None, *sid_o = Py_None, *env_o = Py_None,
-                                *snapshot = NULL, *result = NULL;
+                                *timeout_o = NULL, *on_output = Py_None, *sid_o = Py_None,
+                                *env_o = Py_None, *snapshot = NULL, *result = NULL;
     const char *delete_mode = "wait", *adopt = NULL;
     Py_ssize_t max_output = (Py_ssize_t)COS_DEFAULT_MAX_OUTPUT, nfiles = 0;
     cos_file *files = NULL;
@@ -918,8 +927,8 @@ static PyObject *run_program_impl(ClientObject *self, PyObject *args, PyObject *
     if (call_start(&nc, self, p.on_output) < 0)
         goto done;
     call_release(&nc);
-    rc = cos_op_run_program(&nc.ctx, spec, adopt, files, (size_t)nfiles, &p.a, delete_mode[0] == 'b',
-                            &xo, sid);
+    rc = cos_op_run_program(&nc.ctx, spec, adopt, files, (size_t)nfiles, &p.a,
+                            delete_mode[0] == 'b', &xo, sid);
     if (call_finish(&nc, rc) == 0)
         result = finish_exec(self, &p, &xo, sid);
 done:
@@ -1024,8 +1033,8 @@ static PyObject *c_stats(ClientObject *self, PyObject *unused)
         Py_DECREF(n);
     }
     if (self->eng != NULL) {
-        PyObject *n = PyLong_FromSize_t(cos_engine_pid(self->eng) == getpid()
-                                            ? cos_engine_pending_deletes(self->eng) : 0);
+        PyObject *n = PyLong_FromSize_t(
+            cos_engine_pid(self->eng) == getpid() ? cos_engine_pending_deletes(self->eng) : 0);
         if (n == NULL || PyDict_SetItemString(d, "pending_deletes", n) < 0) {
             Py_XDECREF(n);
             Py_DECREF(d);
@@ -1068,7 +1077,8 @@ static PyMethodDef client_methods[] = {
     {"whoami", (PyCFunction)c_whoami, METH_NOARGS, "GET /v1/whoami"},
     {"shapes", (PyCFunction)c_shapes, METH_NOARGS, "Every shape, all pages."},
     {"rootfs", (PyCFunction)c_rootfs, METH_NOARGS, "GET /v1/rootfs"},
-    {"create", (PyCFunction)(void (*)(void))c_create, METH_VARARGS | METH_KEYWORDS, "Create a sandbox."},
+    {"create", (PyCFunction)(void (*)(void))c_create, METH_VARARGS | METH_KEYWORDS,
+     "Create a sandbox."},
     {"get", (PyCFunction)c_get, METH_O, "The view of one sandbox."},
     {"list", (PyCFunction)(void (*)(void))c_list, METH_VARARGS | METH_KEYWORDS,
      "Every sandbox, all pages, filtered by name prefix and status."},
@@ -1076,7 +1086,8 @@ static PyMethodDef client_methods[] = {
     {"pause", (PyCFunction)c_pause, METH_O, "Pause a sandbox."},
     {"resume", (PyCFunction)(void (*)(void))c_resume, METH_VARARGS | METH_KEYWORDS,
      "Resume; with wait=seconds, poll until running."},
-    {"fork", (PyCFunction)(void (*)(void))c_fork, METH_VARARGS | METH_KEYWORDS, "Fork a paused sandbox."},
+    {"fork", (PyCFunction)(void (*)(void))c_fork, METH_VARARGS | METH_KEYWORDS,
+     "Fork a paused sandbox."},
     {"patch", (PyCFunction)c_patch, METH_VARARGS, "PATCH a sandbox."},
     {"get_egress", (PyCFunction)c_get_egress, METH_O, "The egress allowlist."},
     {"put_egress", (PyCFunction)c_put_egress, METH_VARARGS, "Replace the egress allowlist."},
@@ -1089,9 +1100,11 @@ static PyMethodDef client_methods[] = {
      "create -> upload -> exec -> delete, in C."},
     {"drain_deletes", (PyCFunction)(void (*)(void))c_drain_deletes, METH_VARARGS | METH_KEYWORDS,
      "Outcomes of background deletes."},
-    {"pending_deletes", (PyCFunction)c_pending_deletes, METH_NOARGS, "Background deletes in flight."},
+    {"pending_deletes", (PyCFunction)c_pending_deletes, METH_NOARGS,
+     "Background deletes in flight."},
     {"stats", (PyCFunction)c_stats, METH_NOARGS, "Counters."},
-    {"close", (PyCFunction)c_close, METH_NOARGS, "Stop the I/O thread (background deletes finish first)."},
+    {"close", (PyCFunction)c_close, METH_NOARGS,
+     "Stop the I/O thread (background deletes finish first)."},
     {"__enter__", (PyCFunction)c_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)c_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -1139,7 +1152,8 @@ int cos_client_add_types(PyObject *module, cos_state *st)
     if (cos_execresult_add_type(module, st) < 0)
         return -1;
     st->ClientType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &client_spec, NULL);
-    if (st->ClientType == NULL || PyModule_AddObjectRef(module, "Client", (PyObject *)st->ClientType) < 0)
+    if (st->ClientType == NULL ||
+        PyModule_AddObjectRef(module, "Client", (PyObject *)st->ClientType) < 0)
         return -1;
     return 0;
 }

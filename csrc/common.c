@@ -265,7 +265,10 @@ static void escape_step(san_step *st, const unsigned char *s, size_t n)
         memcpy(st->esc, "?", 2); /* ill-formed: one byte at a time, never the ASCII after it */
     } else if (seq == 1 && (s[0] < 0x20 || s[0] == 0x7F)) {
         if (s[0] == '\n' || s[0] == '\r' || s[0] == '\t')
-            snprintf(st->esc, sizeof st->esc, "\\%c", s[0] == '\n' ? 'n' : s[0] == '\r' ? 'r' : 't');
+            snprintf(st->esc, sizeof st->esc, "\\%c",
+                     s[0] == '\n'   ? 'n'
+                     : s[0] == '\r' ? 'r'
+                                    : 't');
         else
             snprintf(st->esc, sizeof st->esc, "\\x%02x", s[0]);
     } else if (seq == 2 && s[0] == 0xC2 && s[1] < 0xA0) {

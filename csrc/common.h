@@ -19,8 +19,8 @@ typedef enum {
     COS_E_CLOSED,      /* the client was closed during or before the call */
     COS_E_OS,          /* local I/O failure; os_errno set */
     COS_E_NOMEM,
-    COS_E_ABORTED,     /* the binding asked to stop; its own error is pending */
-    COS_E_VALUE,       /* bad argument */
+    COS_E_ABORTED, /* the binding asked to stop; its own error is pending */
+    COS_E_VALUE,   /* bad argument */
 } cos_kind;
 
 #define COS_MSG_MAX 2816
@@ -69,7 +69,7 @@ typedef struct cos_buf {
 /* Room for n more bytes: 0, or -1 on ENOMEM or when len + n would pass max. */
 int cos_buf_reserve(cos_buf *b, size_t n);
 int cos_buf_append(cos_buf *b, const void *data, size_t n); /* 0, or -1 as reserve */
-void cos_buf_free(cos_buf *b); /* frees the data; keeps max */
+void cos_buf_free(cos_buf *b);                              /* frees the data; keeps max */
 
 /* Output of a guest stream: at most buf.max bytes, cut only on UTF-8
  * boundaries, with a cursor of what was already handed to the caller. */

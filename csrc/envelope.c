@@ -8,19 +8,32 @@
 static const char *status_reason(long status)
 {
     switch (status) {
-    case 400: return "bad request";
-    case 401: return "unauthorized (check the API key)";
-    case 402: return "payment required (no credit)";
-    case 403: return "forbidden";
-    case 404: return "not found";
-    case 409: return "conflict";
-    case 422: return "unprocessable request";
-    case 429: return "rate limited";
-    case 500: return "internal server error";
-    case 502: return "bad gateway";
-    case 503: return "service unavailable";
-    case 504: return "gateway timeout";
-    default: return status >= 300 && status < 400 ? "redirect refused" : "request failed";
+    case 400:
+        return "bad request";
+    case 401:
+        return "unauthorized (check the API key)";
+    case 402:
+        return "payment required (no credit)";
+    case 403:
+        return "forbidden";
+    case 404:
+        return "not found";
+    case 409:
+        return "conflict";
+    case 422:
+        return "unprocessable request";
+    case 429:
+        return "rate limited";
+    case 500:
+        return "internal server error";
+    case 502:
+        return "bad gateway";
+    case 503:
+        return "service unavailable";
+    case 504:
+        return "gateway timeout";
+    default:
+        return status >= 300 && status < 400 ? "redirect refused" : "request failed";
     }
 }
 
@@ -41,7 +54,8 @@ static void set_response_error(cos_err *err, const char *op, const cos_meta *met
     if (clean[0] == '\0')
         cos_strlcpy(clean, status_reason(meta->status), sizeof clean);
     if (rid[0])
-        cos_err_set(err, kind, "%s failed: HTTP %ld (request %s): %s", op, meta->status, rid, clean);
+        cos_err_set(err, kind, "%s failed: HTTP %ld (request %s): %s", op, meta->status, rid,
+                    clean);
     else
         cos_err_set(err, kind, "%s failed: HTTP %ld: %s", op, meta->status, clean);
 }
@@ -75,7 +89,7 @@ static void fail_text(json_t *data, cos_buf *out)
             return;
         }
     }
-    json_object_foreach(data, k, v) {
+    json_object_foreach (data, k, v) {
         if (!json_is_string(v) || strcmp(k, "code") == 0)
             continue;
         if (out->len > 16384)
@@ -173,8 +187,8 @@ int cos_envelope_parse(const char *op, const cos_meta *meta, const char *body, s
     }
     if (root == NULL) {
         /* jerr.text quotes the body: it stays out of the message. */
-        snprintf(what, sizeof what, "response is not valid JSON (at byte %d of %zu)",
-                 jerr.position, len);
+        snprintf(what, sizeof what, "response is not valid JSON (at byte %d of %zu)", jerr.position,
+                 len);
         set_protocol_error(err, op, meta, secret, what);
         goto done;
     }
@@ -184,7 +198,9 @@ int cos_envelope_parse(const char *op, const cos_meta *meta, const char *body, s
     }
     if (strcmp(status, "success") != 0) {
         snprintf(what, sizeof what, "HTTP success with a JSend \"%s\" envelope",
-                 strcmp(status, "fail") == 0 ? "fail" : strcmp(status, "error") == 0 ? "error" : "unknown");
+                 strcmp(status, "fail") == 0    ? "fail"
+                 : strcmp(status, "error") == 0 ? "error"
+                                                : "unknown");
         set_protocol_error(err, op, meta, secret, what);
         goto done;
     }
@@ -218,7 +234,8 @@ int cos_page_items(const char *op, json_t *data, const char *legacy_key, json_t 
             t = json_object_get(pag, "total");
             if (t != NULL && !json_is_null(t)) {
                 if (!json_is_integer(t) || json_integer_value(t) < 0) {
-                    cos_err_set(err, COS_E_PROTOCOL, "%s failed: pagination.total is not a count", op);
+                    cos_err_set(err, COS_E_PROTOCOL, "%s failed: pagination.total is not a count",
+                                op);
                     return -1;
                 }
                 *total = json_integer_value(t);
@@ -229,7 +246,7 @@ int cos_page_items(const char *op, json_t *data, const char *legacy_key, json_t 
         cos_err_set(err, COS_E_PROTOCOL, "%s failed: response has no list of items", op);
         return -1;
     }
-    json_array_foreach(arr, i, item) {
+    json_array_foreach (arr, i, item) {
         if (!json_is_object(item)) {
             cos_err_set(err, COS_E_PROTOCOL, "%s failed: list item %zu is not an object", op, i);
             return -1;
@@ -260,7 +277,8 @@ int cos_exec_result_parse(const char *op, json_t *data, cos_exec_out *x, cos_err
     json_t *result = NULL, *so, *se, *ec, *er, *ms;
     json_error_t jerr;
 
-    if (json_unpack_ex(data, &jerr, 0, "{s:o}", "result", &result) != 0 || !json_is_object(result)) {
+    if (json_unpack_ex(data, &jerr, 0, "{s:o}", "result", &result) != 0 ||
+        !json_is_object(result)) {
         cos_err_set(err, COS_E_PROTOCOL, "%s failed: response has no result object", op);
         return -1;
     }

@@ -138,7 +138,8 @@ static int seek_cb(void *ud, curl_off_t offset, int origin)
     if (r->abandoned) {
         rc = CURL_SEEKFUNC_FAIL;
     } else if (r->upload != NULL) {
-        rc = fseeko(r->upload, (off_t)offset, SEEK_SET) == 0 ? CURL_SEEKFUNC_OK : CURL_SEEKFUNC_FAIL;
+        rc =
+            fseeko(r->upload, (off_t)offset, SEEK_SET) == 0 ? CURL_SEEKFUNC_OK : CURL_SEEKFUNC_FAIL;
     } else {
         r->upload_pos = offset;
         rc = CURL_SEEKFUNC_OK;

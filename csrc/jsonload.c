@@ -31,8 +31,8 @@
 #define DEPTH_TRACKED 2048 /* jansson refuses deeper nesting (JSON_PARSER_MAX_DEPTH) */
 
 typedef struct {
-    size_t raw;   /* bytes between the quotes, escapes included */
-    size_t chars; /* characters, from above */
+    size_t raw;    /* bytes between the quotes, escapes included */
+    size_t chars;  /* characters, from above */
     unsigned kind; /* 1, 2 or 4: the width of a character of the Python str */
 } str_scan;
 
@@ -161,8 +161,8 @@ void cos_json_estimate(const char *s, size_t n, cos_json_cost *cost)
             size_t start = i;
             add(&cost->tree, TREE_NUMBER);
             add(&cost->value, VALUE_NUMBER);
-            while (i < n && (s[i] == '-' || s[i] == '+' || s[i] == '.' || s[i] == 'e' || s[i] == 'E' ||
-                             (s[i] >= '0' && s[i] <= '9')))
+            while (i < n && (s[i] == '-' || s[i] == '+' || s[i] == '.' || s[i] == 'e' ||
+                             s[i] == 'E' || (s[i] >= '0' && s[i] <= '9')))
                 i++;
             if (i - start > cost->token)
                 cost->token = i - start;

@@ -13,7 +13,7 @@
 #include "compat.h"
 
 /* Everything a parse may hold at once, beyond the body itself: */
-#define COS_JSON_BUDGET_FACTOR 4            /* ... at most 4 x the body */
+#define COS_JSON_BUDGET_FACTOR 4                 /* ... at most 4 x the body */
 #define COS_JSON_BUDGET_FLOOR ((size_t)32 << 20) /* ... or 32 MiB, for small bodies */
 
 typedef struct cos_json_cost {

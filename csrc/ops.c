@@ -47,8 +47,9 @@ int cos_check_base_url(const char *url, char **normalized, cos_err *err)
     }
     for (p = url; *p; p++) {
         if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7F) {
-            cos_err_set(err, COS_E_CONFIG,
-                        "CREATEOS_SANDBOX_BASE_URL contains whitespace, control or non-ASCII characters");
+            cos_err_set(
+                err, COS_E_CONFIG,
+                "CREATEOS_SANDBOX_BASE_URL contains whitespace, control or non-ASCII characters");
             goto done;
         }
     }
@@ -56,30 +57,35 @@ int cos_check_base_url(const char *url, char **normalized, cos_err *err)
         curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
         curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK) {
         cos_err_set(err, COS_E_CONFIG,
-                    "CREATEOS_SANDBOX_BASE_URL is not a valid absolute URL (expected https://host[:port][/prefix])");
+                    "CREATEOS_SANDBOX_BASE_URL is not a valid absolute URL (expected "
+                    "https://host[:port][/prefix])");
         goto done;
     }
     if (strcmp(scheme, "https") != 0 && strcmp(scheme, "http") != 0) {
-        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must use https:// (got %.16s://)", scheme);
+        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must use https:// (got %.16s://)",
+                    scheme);
         goto done;
     }
     if (curl_url_get(u, CURLUPART_USER, &part, 0) == CURLUE_OK ||
         curl_url_get(u, CURLUPART_PASSWORD, &part, 0) == CURLUE_OK ||
         curl_url_get(u, CURLUPART_OPTIONS, &part, 0) == CURLUE_OK) {
-        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must not contain user info (user:password@)");
+        cos_err_set(err, COS_E_CONFIG,
+                    "CREATEOS_SANDBOX_BASE_URL must not contain user info (user:password@)");
         goto done;
     }
     if (curl_url_get(u, CURLUPART_QUERY, &part, 0) == CURLUE_OK ||
         curl_url_get(u, CURLUPART_FRAGMENT, &part, 0) == CURLUE_OK || strchr(url, '?') ||
         strchr(url, '#')) {
-        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must not have a query or a fragment");
+        cos_err_set(err, COS_E_CONFIG,
+                    "CREATEOS_SANDBOX_BASE_URL must not have a query or a fragment");
         goto done;
     }
     if (strcmp(scheme, "http") == 0 && !is_loopback(host)) {
-        cos_err_set(err, COS_E_CONFIG,
-                    "CREATEOS_SANDBOX_BASE_URL uses plain http:// to a non-loopback host: the API key "
-                    "would travel unencrypted; use https:// (plain http is allowed only for "
-                    "127.0.0.0/8, ::1 and localhost)");
+        cos_err_set(
+            err, COS_E_CONFIG,
+            "CREATEOS_SANDBOX_BASE_URL uses plain http:// to a non-loopback host: the API key "
+            "would travel unencrypted; use https:// (plain http is allowed only for "
+            "127.0.0.0/8, ::1 and localhost)");
         goto done;
     }
     if (curl_url_get(u, CURLUPART_PORT, &port, 0) != CURLUE_OK)
@@ -222,8 +228,7 @@ static int let_go(cos_ctx *c, cos_req **rp, stop_policy how)
  * by settle_cancelled. Returns 0 when the request finished (the caller owns
  * it). Else -1, with c->err set or c->aborted; *rp is NULL when the request was
  * handed to the engine. */
-static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo,
-                      stop_policy how)
+static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo, stop_policy how)
 {
     cos_req *r = *rp;
     long timeout_ms = r->timeout_ms; /* r may be the engine's by the time it is reported */
@@ -301,9 +306,10 @@ static void transport_error(cos_ctx *c, cos_req *r, const char *op)
         (r->rc == CURLE_PARTIAL_FILE || r->rc == CURLE_RECV_ERROR || r->rc == CURLE_GOT_NOTHING ||
          r->rc == CURLE_HTTP2_STREAM || r->rc == CURLE_HTTP2)) {
         /* the answer started and broke off: not the documented protocol */
-        cos_err_set(err, COS_E_PROTOCOL,
-                    "%s failed: HTTP %ld: truncated response (connection closed after %lld bytes: %s)",
-                    op, r->meta.status, (long long)r->bytes_in, detail);
+        cos_err_set(
+            err, COS_E_PROTOCOL,
+            "%s failed: HTTP %ld: truncated response (connection closed after %lld bytes: %s)", op,
+            r->meta.status, (long long)r->bytes_in, detail);
         return;
     }
     switch (r->rc) {
@@ -487,7 +493,7 @@ static int all_pages(cos_ctx *c, const char *op, const char *path, const char *e
         }
         json_decref(data);
         count = json_array_size(items);
-        json_array_foreach(items, i, item) {
+        json_array_foreach (items, i, item) {
             if (row_kept(filter, item) && json_array_append(all, item) < 0) {
                 json_decref(items);
                 nomem(c, op);
@@ -552,8 +558,9 @@ int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
         cos_err_set(c->err, COS_E_PROTOCOL, "create failed: response has no sandbox id");
     } else if (has_control(json_string_value(id), json_string_length(id))) {
         /* "sb-1\u0000x" must never be cut into "sb-1", another sandbox's id */
-        cos_err_set(c->err, COS_E_PROTOCOL,
-                    "create failed: the sandbox id in the response holds a NUL or control character");
+        cos_err_set(
+            c->err, COS_E_PROTOCOL,
+            "create failed: the sandbox id in the response holds a NUL or control character");
     } else {
         return 0;
     }
@@ -673,9 +680,10 @@ static int egress_list(cos_ctx *c, const char *op, json_t **out)
     if (rules == NULL || json_is_null(rules)) {
         *out = json_array();
     } else if (json_is_array(rules)) {
-        json_array_foreach(rules, i, v) {
+        json_array_foreach (rules, i, v) {
             if (!json_is_string(v)) {
-                cos_err_set(c->err, COS_E_PROTOCOL, "%s failed: egress rule %zu is not a string", op, i);
+                cos_err_set(c->err, COS_E_PROTOCOL, "%s failed: egress rule %zu is not a string",
+                            op, i);
                 *out = NULL;
                 json_decref(view);
                 return -1;
@@ -694,8 +702,8 @@ static int egress_list(cos_ctx *c, const char *op, json_t **out)
 
 int cos_op_get_egress(cos_ctx *c, const char *id, json_t **out)
 {
-    if (object_call(c, "get_egress", "GET", sandbox_url(c, id, "/egress"), NULL,
-                    c->cfg->control_ms, out) < 0)
+    if (object_call(c, "get_egress", "GET", sandbox_url(c, id, "/egress"), NULL, c->cfg->control_ms,
+                    out) < 0)
         return -1;
     return egress_list(c, "get_egress", out);
 }
@@ -785,11 +793,13 @@ int cos_op_download(cos_ctx *c, const char *id, const char *path, size_t max_byt
     if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
     if (r->declared_over_cap || r->over_cap) {
-        cos_err_set(c->err, COS_E_UNAVAILABLE,
-                    r->declared_over_cap
-                        ? "download failed: the file is larger than max_bytes=%zu (declared Content-Length); nothing was read"
-                        : "download failed: more than max_bytes=%zu bytes received; transfer aborted",
-                    max_bytes);
+        cos_err_set(
+            c->err, COS_E_UNAVAILABLE,
+            r->declared_over_cap
+                ? "download failed: the file is larger than max_bytes=%zu (declared "
+                  "Content-Length); nothing was read"
+                : "download failed: more than max_bytes=%zu bytes received; transfer aborted",
+            max_bytes);
         cos_strlcpy(c->err->code, "too_large", sizeof c->err->code);
         c->err->status = r->meta.status;
         goto done;
@@ -828,10 +838,10 @@ static int exec_request(cos_ctx *c, const char *id, const cos_exec_args *a, int 
 {
     json_t *b = json_object();
     char *text = NULL;
-    if (b != NULL &&
-        json_object_set_new(b, "cmd", json_string(a->cmd)) == 0 &&
+    if (b != NULL && json_object_set_new(b, "cmd", json_string(a->cmd)) == 0 &&
         json_object_set_new(b, "args", a->args ? json_incref(a->args) : json_array()) == 0 &&
-        (!a->stdin_data || json_object_set_new(b, "stdin", json_stringn(a->stdin_data, a->stdin_len)) == 0) &&
+        (!a->stdin_data ||
+         json_object_set_new(b, "stdin", json_stringn(a->stdin_data, a->stdin_len)) == 0) &&
         (!a->env || json_object_set_new(b, "env", json_incref(a->env)) == 0) &&
         (!stream || json_object_set_new(b, "stream", json_true()) == 0))
         text = json_dumps(b, JSON_COMPACT);
@@ -881,7 +891,8 @@ static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long 
         rc = RUN_FALLBACK;
         goto done;
     }
-    if (r->nd_rc != COS_ND_OK || (r->rc == CURLE_OK && r->meta.status >= 200 && r->meta.status < 300)) {
+    if (r->nd_rc != COS_ND_OK ||
+        (r->rc == CURLE_OK && r->meta.status >= 200 && r->meta.status < 300)) {
         pthread_mutex_lock(&xo->mu);
         nd = r->nd_rc != COS_ND_OK ? r->nd_rc : cos_ndjson_finish(&r->nd);
         pthread_mutex_unlock(&xo->mu);
@@ -942,14 +953,16 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
      * characters take 6 bytes (\u0001) and \u-escaped non-ASCII 2-3 times its
      * UTF-8: such output near the cap can pass it, and the answer is then refused
      * as ProtocolError (streaming exec, which has no body cap, is not affected). */
-    spec.body_cap = limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
+    spec.body_cap =
+        limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
     if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
     if (r->rc != CURLE_OK) {
         transport_error(c, r, op);
         goto done;
     }
-    if (cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, 0, c->cfg->key, c->err, &data) < 0)
+    if (cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, 0, c->cfg->key, c->err, &data) <
+        0)
         goto done;
     if (!json_is_object(data)) {
         cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: response data is not an object");
@@ -1051,7 +1064,8 @@ static const char *delete_verdict(cos_req *r, const cos_cfg *cfg, cos_err *err)
     }
     if (r->meta.status == 404)
         return NULL;
-    if (cos_envelope_parse("delete", &r->meta, r->body.data, r->body.len, 0, cfg->key, err, &data) < 0)
+    if (cos_envelope_parse("delete", &r->meta, r->body.data, r->body.len, 0, cfg->key, err, &data) <
+        0)
         return err->msg;
     json_decref(data);
     return NULL;
@@ -1121,9 +1135,9 @@ static void run_cleanup(cos_ctx *c, const char *id, int background)
         cos_err_set(c->err, COS_E_ABORTED, "interrupted");
 }
 
-int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id,
-                       const cos_file *files, size_t nfiles, const cos_exec_args *a,
-                       int delete_background, cos_exec_out *xo, char sandbox_id_out[COS_ID_MAX])
+int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id, const cos_file *files,
+                       size_t nfiles, const cos_exec_args *a, int delete_background,
+                       cos_exec_out *xo, char sandbox_id_out[COS_ID_MAX])
 {
     json_t *view = NULL;
     size_t i;
@@ -1139,7 +1153,8 @@ int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id,
     }
     have_guest = 1;
     for (i = 0; i < nfiles; i++)
-        if (cos_op_upload(c, sandbox_id_out, files[i].path, files[i].data, files[i].len, NULL, 0) < 0)
+        if (cos_op_upload(c, sandbox_id_out, files[i].path, files[i].data, files[i].len, NULL, 0) <
+            0)
             goto done;
     rc = cos_op_exec(c, sandbox_id_out, a, xo);
 done:

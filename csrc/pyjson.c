@@ -67,7 +67,7 @@ PyObject *cos_json_to_py(json_t *j)
     case JSON_ARRAY:
         if ((out = PyList_New((Py_ssize_t)json_array_size(j))) == NULL)
             return NULL;
-        json_array_foreach(j, i, jv) {
+        json_array_foreach (j, i, jv) {
             if ((v = cos_json_to_py(jv)) == NULL) {
                 Py_DECREF(out);
                 return NULL;
@@ -243,7 +243,8 @@ json_t *cos_arg_json(PyObject *o, int want_object, const char *what, int *ok)
         return NULL;
     }
     if (want_object ? !json_is_object(j) : !json_is_array(j)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a %s", what, want_object ? "mapping" : "sequence");
+        PyErr_Format(PyExc_TypeError, "%s must be a %s", what,
+                     want_object ? "mapping" : "sequence");
         json_decref(j);
         *ok = 0;
         return NULL;
@@ -258,7 +259,7 @@ json_t *cos_arg_str_list(PyObject *o, const char *what, int *ok)
     size_t i;
     if (j == NULL)
         return NULL;
-    json_array_foreach(j, i, v) {
+    json_array_foreach (j, i, v) {
         if (!json_is_string(v)) {
             PyErr_Format(PyExc_TypeError, "%s must contain only str", what);
             json_decref(j);

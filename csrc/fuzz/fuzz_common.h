@@ -20,7 +20,9 @@ static inline int contains_nocase(const char *s, size_t n, const char *needle, s
 {
     size_t i, j;
     for (i = 0; i + k <= n; i++) {
-        for (j = 0; j < k && fuzz_lower((unsigned char)s[i + j]) == fuzz_lower((unsigned char)needle[j]); j++)
+        for (j = 0;
+             j < k && fuzz_lower((unsigned char)s[i + j]) == fuzz_lower((unsigned char)needle[j]);
+             j++)
             ;
         if (j == k)
             return 1;
@@ -34,7 +36,8 @@ static inline void assert_no_secret_in(const char *s, size_t n, const char *secr
     size_t i, k = strlen(secret), piece = k < 8 ? k : 8;
     for (i = 0; piece && i + piece <= k; i++) {
         if (contains_nocase(s, n, secret + i, piece)) {
-            fprintf(stderr, "secret piece \"%.*s\" leaked into: %.*s\n", (int)piece, secret + i, (int)n, s);
+            fprintf(stderr, "secret piece \"%.*s\" leaked into: %.*s\n", (int)piece, secret + i,
+                    (int)n, s);
             abort();
         }
     }

@@ -24,7 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     data++;
     size--;
     cos_err_clear(&err);
-    if (cos_envelope_parse("fuzz", &meta, (const char *)data, size, 1, FUZZ_SECRET, &err, &payload) == 0) {
+    if (cos_envelope_parse("fuzz", &meta, (const char *)data, size, 1, FUZZ_SECRET, &err,
+                           &payload) == 0) {
         if (payload == NULL)
             abort();
         if (cos_page_items("fuzz", payload, "sandboxes", &items, &total, &err) == 0) {

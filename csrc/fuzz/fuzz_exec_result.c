@@ -23,7 +23,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     cos_err_clear(&err);
     if (cos_exec_out_init(&xo, cap) != 0)
         abort();
-    if (cos_envelope_parse("exec", &meta, (const char *)data, size, 0, FUZZ_SECRET, &err, &payload) == 0) {
+    if (cos_envelope_parse("exec", &meta, (const char *)data, size, 0, FUZZ_SECRET, &err,
+                           &payload) == 0) {
         if (json_is_object(payload) && cos_exec_result_parse("exec", payload, &xo, &err) == 0) {
             int s;
             for (s = 0; s < 2; s++) {

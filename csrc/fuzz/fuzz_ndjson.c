@@ -60,7 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     a = parse(data + 1 + ncuts, size - 1 - ncuts, NULL, 0, &whole);
     b = parse(data + 1 + ncuts, size - 1 - ncuts, data + 1, ncuts, &chunked);
     if (a != b || whole.hash != chunked.hash || whole.frames != chunked.frames) {
-        fprintf(stderr, "chunking changed the result: %d/%d %zu/%zu\n", a, b, whole.frames, chunked.frames);
+        fprintf(stderr, "chunking changed the result: %d/%d %zu/%zu\n", a, b, whole.frames,
+                chunked.frames);
         abort();
     }
     return 0;
