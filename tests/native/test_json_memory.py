@@ -9,6 +9,7 @@ its peak RSS growth (VmHWM after clearing it with /proc/self/clear_refs)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -100,6 +101,10 @@ def test_peak_memory_of_a_16_mib_json_answer_is_bounded(shape: str) -> None:
     whoami = answer("200 OK", ["Content-Type: application/json"], b'{"status":"success","data":{}}')
     big = answer("200 OK", ["Content-Type: application/json"], body)
     server = RawServer(lambda req: whoami if req.target.endswith("/whoami") else big)
+    # under `make sanitize` the memory is ASan's allocator's (redzones around every block,
+    # shadow memory, a quarantine of freed blocks): the outcome is checked there, the bound
+    # only with the real allocator (tests/native, make test)
+    asan = "libasan" in os.environ.get("LD_PRELOAD", "")
     try:
         proc = subprocess.run(
             [sys.executable, "-c", SCRIPT, server.url], capture_output=True, text=True, timeout=300
@@ -109,5 +114,5 @@ def test_peak_memory_of_a_16_mib_json_answer_is_bounded(shape: str) -> None:
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     print(shape, f"{out['growth'] / (1 << 20):.1f} MiB", out["outcome"][:120])
-    assert out["growth"] <= BOUND * len(body), out
     assert out["outcome"].startswith("parsed" if parsed else "refused"), out
+    assert asan or out["growth"] <= BOUND * len(body), out
