@@ -13,7 +13,7 @@ NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) setup.py pyproject.toml
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 20
 
-.PHONY: run langflow dist wheel-manylinux test test-fast sanitize fuzz bench soak lint format typecheck deps native clean
+.PHONY: run langflow dist wheel-manylinux test test-fast sanitize fuzz native-oldlibs format-c bench soak lint format typecheck deps native clean
 
 deps:
 	@scripts/install-system-deps.sh
@@ -67,6 +67,29 @@ sanitize: $(STAMP)
 
 fuzz: deps
 	$(MAKE) -C csrc/fuzz run FUZZ_SECONDS=$(FUZZ_SECONDS)
+
+# csrc/ in the style of .clang-format (clang-format 14: apt-get install clang-format).
+format-c:
+	clang-format -i csrc/*.c csrc/*.h csrc/fuzz/*.c csrc/fuzz/*.h
+
+# The oldest libcurl and jansson supported (csrc/compat.h): Debian 11's 7.74.0 and 2.13.1,
+# headers and libraries, fetched from Debian's mirror and verified by
+# scripts/fetch-debian-libs.sh (cached in build/oldlibs). The extension is built against
+# them (-Werror) and finds them at run time through its own DT_RPATH (which also serves what
+# they load, OpenSSL 1.1 and OpenLDAP 2.4; nothing else in the process or its children sees
+# them), tests/native runs (test_versions.py checks which libraries were loaded), then the
+# normal build is restored. About 3 min.
+OLDLIBS := build/oldlibs
+OLDLIBS_LIB := $(abspath $(OLDLIBS))/root/usr/lib/x86_64-linux-gnu
+OLDLIBS_INC := $(abspath $(OLDLIBS))/root/usr/include
+native-oldlibs: $(STAMP)
+	scripts/fetch-debian-libs.sh $(OLDLIBS)
+	CFLAGS=-Werror CREATEOS_CFLAGS="-I$(OLDLIBS_INC)/x86_64-linux-gnu -I$(OLDLIBS_INC)" \
+	  CREATEOS_LIBS="-L$(OLDLIBS_LIB) -Wl,-rpath,$(OLDLIBS_LIB),--disable-new-dtags -lcurl -ljansson" \
+	  $(VPY) setup.py -q build_ext --inplace --build-temp build/oldlibs-obj --force
+	CREATEOS_EXPECT_LIBS="libcurl 7.74.0, jansson 2.13.1" \
+	  $(VPY) -m pytest -p no:cacheprovider tests/native $(PYTEST_ARGS); rc=$$?; \
+	  $(VPY) setup.py -q build_ext --inplace --force >/dev/null; exit $$rc
 
 # Side by side with the peer plugin 0.2.0 (its own venv, benchmarks/.peer-venv); ~10 min.
 bench: $(STAMP)

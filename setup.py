@@ -4,6 +4,13 @@ system libcurl and jansson, found through pkg-config.
 Environment switches:
   CREATEOS_SANITIZE=1   build with AddressSanitizer + UndefinedBehaviorSanitizer
   CREATEOS_DEBUG=1      build with -O0 -g
+  CREATEOS_CFLAGS, CREATEOS_LIBS
+                        compiler and linker flags for libcurl and jansson instead of
+                        pkg-config's (a build against other copies of the libraries:
+                        `make native-oldlibs`)
+
+Supported: libcurl >= 7.74.0, jansson >= 2.13 (docs/native-client.md says what newer
+versions add); csrc/common.h refuses older headers.
 """
 
 from __future__ import annotations
@@ -42,8 +49,9 @@ def pkg_config(*args: str) -> list[str]:
 def native_extension() -> Extension:
     here = Path(__file__).parent
     sources = sorted(str(p.relative_to(here)) for p in (here / "csrc").glob("*.c"))
-    cflags = pkg_config("--cflags")
-    libs = pkg_config("--libs")
+    override = os.environ.get("CREATEOS_CFLAGS"), os.environ.get("CREATEOS_LIBS")
+    cflags = override[0].split() if override[0] is not None else pkg_config("--cflags")
+    libs = override[1].split() if override[1] is not None else pkg_config("--libs")
     extra_compile = ["-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", *cflags]
     extra_link = [*libs, "-lpthread"]
     if os.environ.get("CREATEOS_DEBUG"):

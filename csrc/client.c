@@ -6,7 +6,7 @@
 
 #include <math.h>
 #include <stddef.h>
-#include <structmember.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,7 +49,8 @@ static cos_engine *engine_of(ClientObject *self)
     }
     if (!self->ready) {
         /* Client.__new__(Client), or an __init__ that failed */
-        PyErr_SetString(PyExc_RuntimeError, "the Client is not initialised (__init__ did not succeed)");
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the Client is not initialised (__init__ did not succeed)");
         return NULL;
     }
     cos_client_after_fork((PyObject *)self); /* a fork the hook did not see */
@@ -58,88 +59,99 @@ static cos_engine *engine_of(ClientObject *self)
     return self->eng;
 }
 
-/* One call's hook state: the caller's thread state while the GIL is released,
- * and where streamed output goes. */
-typedef struct {
-    PyThreadState *ts;
-    PyObject *on_output;
-} call_hook;
-
 static int deliver(PyObject *on_output, cos_exec_out *xo)
 {
     static const char *const names[2] = {"stdout", "stderr"};
-    int s;
-    for (s = 0; s < 2; s++) {
+    int s, rc = 0;
+    for (s = 0; s < 2 && rc == 0; s++) {
         char *data;
         size_t len;
-        PyObject *text, *res;
+        PyObject *text, *res = NULL;
         if (cos_exec_out_take(xo, s, &data, &len) < 0) {
             PyErr_NoMemory();
-            return -1;
+            rc = -1;
+        } else if (data != NULL) {
+            text = cos_decode(data, len);
+            free(data);
+            if (text != NULL)
+                res = PyObject_CallFunction(on_output, "sO", names[s], text);
+            Py_XDECREF(text);
+            rc = res != NULL ? 0 : -1;
+            Py_XDECREF(res);
         }
-        if (data == NULL)
-            continue;
-        text = cos_decode(data, len);
-        free(data);
-        if (text == NULL)
-            return -1;
-        res = PyObject_CallFunction(on_output, "sO", names[s], text);
-        Py_DECREF(text);
-        if (res == NULL)
-            return -1;
-        Py_DECREF(res);
     }
-    return 0;
+    return rc;
 }
 
-/* Between waits: take the GIL, hand over output, notice Ctrl-C. */
+/* One native call: the error record and the context the C core runs with,
+ * and the caller's thread state while the GIL is released. */
+typedef struct {
+    ClientObject *self;
+    cos_err err;
+    cos_ctx ctx;
+    PyThreadState *ts;
+    PyObject *on_output; /* streamed output goes here (NULL: kept for the result) */
+} native_call;
+
+/* Between waits (the C core calls it with the GIL released): take the GIL,
+ * hand over output, notice Ctrl-C. Non-zero stops the call. */
 static int py_slice(void *ud, cos_exec_out *xo)
 {
-    call_hook *h = ud;
+    native_call *nc = ud;
     int stop = 0;
-    PyEval_RestoreThread(h->ts);
-    if (xo != NULL && h->on_output != NULL && deliver(h->on_output, xo) < 0)
+    PyEval_RestoreThread(nc->ts);
+    if (xo != NULL && nc->on_output != NULL && deliver(nc->on_output, xo) < 0)
         stop = 1;
     if (!stop && PyErr_CheckSignals() < 0)
         stop = 1;
-    h->ts = PyEval_SaveThread();
+    nc->ts = PyEval_SaveThread();
     return stop;
 }
 
-#define CALL_BEGIN(self, on_output_obj)                                                           \
-    cos_err err;                                                                                  \
-    call_hook hook = {NULL, (on_output_obj)};                                                     \
-    cos_ctx ctx;                                                                                  \
-    int rc;                                                                                       \
-    cos_err_clear(&err);                                                                          \
-    ctx.eng = engine_of(self);                                                                    \
-    ctx.cfg = &(self)->cfg;                                                                       \
-    ctx.slice = py_slice;                                                                         \
-    ctx.ud = &hook;                                                                               \
-    ctx.err = &err;                                                                               \
-    ctx.aborted = 0;                                                                              \
-    ctx.live_output = (on_output_obj) != NULL;
-
-#define CALL_RUN(expr)                                                                            \
-    do {                                                                                          \
-        hook.ts = PyEval_SaveThread();                                                            \
-        rc = (expr);                                                                              \
-        PyEval_RestoreThread(hook.ts);                                                            \
-    } while (0)
-
-/* After CALL_RUN: NULL and an exception, or continue. */
-static int call_failed(ClientObject *self, cos_ctx *ctx, int rc)
+/* Ready a call on this client: 0, or -1 with an exception (closed, not initialised). */
+static int call_start(native_call *nc, ClientObject *self, PyObject *on_output)
 {
-    if (ctx->aborted) {
+    memset(nc, 0, sizeof *nc);
+    nc->self = self;
+    nc->on_output = on_output;
+    nc->ctx.eng = engine_of(self);
+    nc->ctx.cfg = &self->cfg;
+    nc->ctx.slice = py_slice;
+    nc->ctx.ud = nc;
+    nc->ctx.err = &nc->err;
+    nc->ctx.live_output = on_output != NULL;
+    return nc->ctx.eng != NULL ? 0 : -1;
+}
+
+/* The GIL goes while the C core runs the call (nc->ctx) ... */
+static void call_release(native_call *nc)
+{
+    nc->ts = PyEval_SaveThread();
+}
+
+/* ... and comes back with its outcome rc: 0, or -1 with the exception set
+ * (KeyboardInterrupt or on_output's own when interrupted, else the core's). */
+static int call_finish(native_call *nc, int rc)
+{
+    PyEval_RestoreThread(nc->ts);
+    if (nc->ctx.aborted) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, "native call interrupted");
-        return 1;
+        return -1;
     }
     if (rc < 0) {
-        cos_raise(state_of((PyObject *)self), ctx->err);
-        return 1;
+        cos_raise(state_of((PyObject *)nc->self), &nc->err);
+        return -1;
     }
     return 0;
+}
+
+/* call_finish, then the operation's JSON (taken) as a Python value. */
+static PyObject *json_outcome(native_call *nc, int rc, json_t *out)
+{
+    PyObject *result = call_finish(nc, rc) == 0 ? cos_json_to_py(out) : NULL;
+    json_decref(out);
+    return result;
 }
 
 static int parse_timeout(PyObject *o, const char *what, long *ms, int allow_none)
@@ -155,7 +167,8 @@ static int parse_timeout(PyObject *o, const char *what, long *ms, int allow_none
     if (t == -1.0 && PyErr_Occurred())
         return -1;
     if (!isfinite(t) || t <= 0 || t > 30.0 * 86400.0) {
-        PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds (at most 30 days)", what);
+        PyErr_Format(PyExc_ValueError, "%s must be a positive number of seconds (at most 30 days)",
+                     what);
         return -1;
     }
     *ms = (long)ceil(t * 1000.0);
@@ -209,8 +222,10 @@ static int track(ClientObject *self)
     if ((live = PyList_New(0)) == NULL)
         return -1;
     for (i = 0; i < PyList_GET_SIZE(st->clients); i++) {
-        PyObject *r = PyList_GET_ITEM(st->clients, i);
-        if (PyWeakref_GetObject(r) != Py_None && PyList_Append(live, r) < 0)
+        PyObject *r = PyList_GET_ITEM(st->clients, i), *obj = PyObject_CallNoArgs(r);
+        int dead = obj == Py_None;
+        Py_XDECREF(obj);
+        if (obj == NULL || (!dead && PyList_Append(live, r) < 0))
             goto error;
     }
     if ((ref = PyWeakref_NewRef((PyObject *)self, NULL)) == NULL)
@@ -229,7 +244,8 @@ error:
 
 static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"base_url", "api_key", "connect_timeout", "control_timeout", "user_agent", NULL};
+    static char *kw[] = {"base_url",        "api_key",    "connect_timeout",
+                         "control_timeout", "user_agent", NULL};
     PyObject *url_o, *key_o, *ct = NULL, *cto = NULL, *ua_o = Py_None;
     const char *url, *key, *ua = NULL, *ca;
     Py_ssize_t url_len = 0, key_len = 0;
@@ -253,7 +269,9 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
         strlen(key) != (size_t)key_len) {
         /* neither the key nor the URL is quoted in the error */
         PyErr_Clear();
-        cos_err_set(&err, COS_E_CONFIG, "the base URL (CREATEOS_SANDBOX_BASE_URL) and the API key must be text without NUL characters");
+        cos_err_set(&err, COS_E_CONFIG,
+                    "the base URL (CREATEOS_SANDBOX_BASE_URL) and the API key must be text without "
+                    "NUL characters");
         goto config_error;
     }
     if (cos_check_key(key, &err) < 0 || cos_check_base_url(url, &self->cfg.base, &err) < 0)
@@ -346,66 +364,65 @@ static void client_dealloc(ClientObject *self)
 
 static PyObject *client_repr(ClientObject *self)
 {
-    return PyUnicode_FromFormat("<createos Client base_url=%R%s>", self->base_url ? self->base_url : Py_None,
+    return PyUnicode_FromFormat("<createos Client base_url=%R%s>",
+                                self->base_url ? self->base_url : Py_None,
                                 self->closed ? " closed" : "");
 }
 
 /* Strings parsed from keyword arguments are used without the GIL. The kwargs
  * dict may be the caller's own (PyObject_Call passes it through), which
- * another thread could change during the call: parse from a copy, which holds
- * a reference on every value until the call returns. */
-#define OWNED_KWDS(name)                                                                          \
-    static PyObject *name(ClientObject *self, PyObject *args, PyObject *kwds)                     \
-    {                                                                                             \
-        PyObject *own = NULL, *res;                                                               \
-        if (kwds != NULL && (own = PyDict_Copy(kwds)) == NULL)                                    \
-            return NULL;                                                                          \
-        res = name##_impl(self, args, own);                                                       \
-        Py_XDECREF(own);                                                                          \
-        return res;                                                                               \
-    }
+ * another thread could change during the call: the methods that keep such
+ * strings parse from a copy, which holds a reference on every value until the
+ * call returns. */
+typedef PyObject *(*kw_method)(ClientObject *, PyObject *, PyObject *);
+
+static PyObject *with_own_kwds(kw_method impl, ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *own = NULL, *result = NULL;
+    if (kwds == NULL || (own = PyDict_Copy(kwds)) != NULL)
+        result = impl(self, args, own);
+    Py_XDECREF(own);
+    return result;
+}
+
+/* A mapping argument as a JSON object (None refused); NULL with an exception. */
+static json_t *arg_mapping(PyObject *o, const char *what)
+{
+    int ok;
+    json_t *j = cos_arg_json(o, 1, what, &ok);
+    if (ok && j == NULL)
+        PyErr_Format(PyExc_TypeError, "%s must be a mapping", what);
+    return j;
+}
 
 /* ------------------------------------------------------------- operations */
-
-static PyObject *json_result(json_t *j)
-{
-    PyObject *o = cos_json_to_py(j);
-    json_decref(j);
-    return o;
-}
 
 typedef int (*op_plain)(cos_ctx *, json_t **);
 typedef int (*op_id)(cos_ctx *, const char *, json_t **);
 
 static PyObject *run_plain(ClientObject *self, op_plain fn)
 {
+    native_call nc;
     json_t *out = NULL;
-    CALL_BEGIN(self, NULL);
-    if (ctx.eng == NULL)
+    int rc;
+    if (call_start(&nc, self, NULL) < 0)
         return NULL;
-    CALL_RUN(fn(&ctx, &out));
-    if (call_failed(self, &ctx, rc)) {
-        json_decref(out);
-        return NULL;
-    }
-    return json_result(out);
+    call_release(&nc);
+    rc = fn(&nc.ctx, &out);
+    return json_outcome(&nc, rc, out);
 }
 
 static PyObject *run_id(ClientObject *self, PyObject *id_o, op_id fn)
 {
+    native_call nc;
     json_t *out = NULL;
-    const char *id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX);
-    if (id == NULL)
+    const char *id;
+    int rc;
+    if ((id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL || call_start(&nc, self, NULL) < 0)
         return NULL;
-    CALL_BEGIN(self, NULL);
-    if (ctx.eng == NULL)
-        return NULL;
-    CALL_RUN(fn(&ctx, id, &out));
-    if (call_failed(self, &ctx, rc)) {
-        json_decref(out);
-        return NULL;
-    }
-    return json_result(out);
+    call_release(&nc);
+    rc = fn(&nc.ctx, id, &out);
+    return json_outcome(&nc, rc, out);
 }
 
 static PyObject *c_whoami(ClientObject *self, PyObject *unused)
@@ -449,206 +466,231 @@ static PyObject *c_get_egress(ClientObject *self, PyObject *id)
 static PyObject *c_create(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"spec", "timeout", NULL};
-    PyObject *spec_o, *timeout_o = Py_None;
-    json_t *spec, *out = NULL;
+    PyObject *spec_o, *timeout_o = Py_None, *result = NULL;
+    json_t *spec = NULL, *out = NULL;
     long timeout_ms = 0;
-    int ok;
+    native_call nc;
+    int rc;
+
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O", kw, &spec_o, &timeout_o) ||
-        parse_timeout(timeout_o, "timeout", &timeout_ms, 1) < 0)
-        return NULL;
-    spec = cos_arg_json(spec_o, 1, "spec", &ok);
-    if (!ok)
-        return NULL;
-    if (spec == NULL) {
-        PyErr_SetString(PyExc_TypeError, "spec must be a mapping");
-        return NULL;
-    }
-    CALL_BEGIN(self, NULL);
-    if (ctx.eng == NULL) {
-        json_decref(spec);
-        return NULL;
-    }
-    CALL_RUN(cos_op_create(&ctx, spec, timeout_ms, &out));
+        parse_timeout(timeout_o, "timeout", &timeout_ms, 1) < 0 ||
+        (spec = arg_mapping(spec_o, "spec")) == NULL || call_start(&nc, self, NULL) < 0)
+        goto done;
+    call_release(&nc);
+    rc = cos_op_create(&nc.ctx, spec, timeout_ms, &out);
+    result = json_outcome(&nc, rc, out);
+done:
     json_decref(spec);
-    if (call_failed(self, &ctx, rc))
-        return NULL;
-    return json_result(out);
+    return result;
 }
 
-static PyObject *c_list_impl(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *list_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"prefix", "status", NULL};
     PyObject *prefix_o = Py_None, *status_o = Py_None;
     const char *prefix = NULL, *status = NULL;
     json_t *out = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OO", kw, &prefix_o, &status_o))
+    native_call nc;
+    int rc;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$OO", kw, &prefix_o, &status_o) ||
+        (prefix_o != Py_None && (prefix = arg_cstr(prefix_o, "prefix", 0)) == NULL) ||
+        (status_o != Py_None && (status = arg_cstr(status_o, "status", 64)) == NULL) ||
+        call_start(&nc, self, NULL) < 0)
         return NULL;
-    if ((prefix_o != Py_None && (prefix = arg_cstr(prefix_o, "prefix", 0)) == NULL) ||
-        (status_o != Py_None && (status = arg_cstr(status_o, "status", 64)) == NULL))
-        return NULL;
-    CALL_BEGIN(self, NULL);
-    if (ctx.eng == NULL)
-        return NULL;
-    CALL_RUN(cos_op_list(&ctx, prefix, status, &out));
-    if (call_failed(self, &ctx, rc))
-        return NULL;
-    return json_result(out);
+    call_release(&nc);
+    rc = cos_op_list(&nc.ctx, prefix, status, &out);
+    return json_outcome(&nc, rc, out);
 }
 
-OWNED_KWDS(c_list)
+static PyObject *c_list(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    return with_own_kwds(list_impl, self, args, kwds);
+}
 
-static PyObject *c_resume_impl(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *resume_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "wait", NULL};
     PyObject *id_o, *wait_o = Py_None;
     const char *id;
     long wait_ms = -1;
     json_t *out = NULL;
+    native_call nc;
+    int rc;
+
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|$O", kw, &id_o, &wait_o) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
-        parse_timeout(wait_o, "wait", &wait_ms, 1) < 0)
+        parse_timeout(wait_o, "wait", &wait_ms, 1) < 0 || call_start(&nc, self, NULL) < 0)
         return NULL;
-    CALL_BEGIN(self, NULL);
-    if (ctx.eng == NULL)
-        return NULL;
-    CALL_RUN(cos_op_resume(&ctx, id, wait_ms, &out));
-    if (call_failed(self, &ctx, rc))
-        return NULL;
-    return json_result(out);
+    call_release(&nc);
+    rc = cos_op_resume(&nc.ctx, id, wait_ms, &out);
+    return json_outcome(&nc, rc, out);
 }
 
-OWNED_KWDS(c_resume)
+static PyObject *c_resume(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    return with_own_kwds(resume_impl, self, args, kwds);
+}
 
-static PyObject *c_fork_impl(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *fork_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "spec", NULL};
-    PyObject *id_o, *spec_o = Py_None;
+    PyObject *id_o, *spec_o = Py_None, *result = NULL;
     const char *id;
-    json_t *spec, *out = NULL;
-    int ok;
+    json_t *spec = NULL, *out = NULL;
+    native_call nc;
+    int ok, rc;
+
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kw, &id_o, &spec_o) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
-        return NULL;
-    spec = cos_arg_json(spec_o, 1, "spec", &ok);
-    if (!ok)
-        return NULL;
-    CALL_BEGIN(self, NULL);
-    if (ctx.eng == NULL) {
-        json_decref(spec);
-        return NULL;
-    }
-    CALL_RUN(cos_op_fork(&ctx, id, spec, &out));
+        goto done;
+    spec = cos_arg_json(spec_o, 1, "spec", &ok); /* None: an empty spec */
+    if (!ok || call_start(&nc, self, NULL) < 0)
+        goto done;
+    call_release(&nc);
+    rc = cos_op_fork(&nc.ctx, id, spec, &out);
+    result = json_outcome(&nc, rc, out);
+done:
     json_decref(spec);
-    if (call_failed(self, &ctx, rc))
-        return NULL;
-    return json_result(out);
+    return result;
 }
 
-OWNED_KWDS(c_fork)
+static PyObject *c_fork(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    return with_own_kwds(fork_impl, self, args, kwds);
+}
 
 static PyObject *c_patch(ClientObject *self, PyObject *args)
 {
-    PyObject *id_o, *fields_o;
+    PyObject *id_o, *fields_o, *result = NULL;
     const char *id;
-    json_t *fields, *out = NULL;
-    int ok;
+    json_t *fields = NULL, *out = NULL;
+    native_call nc;
+    int rc;
+
     if (!PyArg_ParseTuple(args, "OO", &id_o, &fields_o) ||
-        (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
-        return NULL;
-    fields = cos_arg_json(fields_o, 1, "fields", &ok);
-    if (!ok)
-        return NULL;
-    if (fields == NULL) {
-        PyErr_SetString(PyExc_TypeError, "fields must be a mapping");
-        return NULL;
-    }
-    CALL_BEGIN(self, NULL);
-    if (ctx.eng == NULL) {
-        json_decref(fields);
-        return NULL;
-    }
-    CALL_RUN(cos_op_patch(&ctx, id, fields, &out));
+        (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
+        (fields = arg_mapping(fields_o, "fields")) == NULL || call_start(&nc, self, NULL) < 0)
+        goto done;
+    call_release(&nc);
+    rc = cos_op_patch(&nc.ctx, id, fields, &out);
+    result = json_outcome(&nc, rc, out);
+done:
     json_decref(fields);
-    if (call_failed(self, &ctx, rc))
-        return NULL;
-    return json_result(out);
+    return result;
 }
 
 static PyObject *c_put_egress(ClientObject *self, PyObject *args)
 {
-    PyObject *id_o, *rules_o;
+    PyObject *id_o, *rules_o, *result = NULL;
     const char *id;
-    json_t *rules, *out = NULL;
-    int ok;
+    json_t *rules = NULL, *out = NULL;
+    native_call nc;
+    int ok = 0, rc;
+
     if (!PyArg_ParseTuple(args, "OO", &id_o, &rules_o) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL)
-        return NULL;
+        goto done;
     if (PyUnicode_Check(rules_o)) {
         PyErr_SetString(PyExc_TypeError, "rules must be a sequence of str or None, not str");
-        return NULL;
+        goto done;
     }
-    rules = cos_arg_str_list(rules_o, "rules", &ok);
-    if (!ok)
-        return NULL;
-    CALL_BEGIN(self, NULL);
-    if (ctx.eng == NULL) {
-        json_decref(rules);
-        return NULL;
-    }
-    CALL_RUN(cos_op_put_egress(&ctx, id, rules, &out));
+    rules = cos_arg_str_list(rules_o, "rules", &ok); /* None: no rules */
+    if (!ok || call_start(&nc, self, NULL) < 0)
+        goto done;
+    call_release(&nc);
+    rc = cos_op_put_egress(&nc.ctx, id, rules, &out);
+    result = json_outcome(&nc, rc, out);
+done:
     json_decref(rules);
-    if (call_failed(self, &ctx, rc))
-        return NULL;
-    return json_result(out);
+    return result;
 }
 
-static PyObject *c_upload_impl(ClientObject *self, PyObject *args, PyObject *kwds)
+static const char *file_kind(mode_t mode)
+{
+    return S_ISDIR(mode)    ? "a directory"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+           : S_ISSOCK(mode) ? "a socket"
+                            : "of an unknown type";
+}
+
+/* The file to stream, opened for reading without ever freezing the interpreter:
+ * the open runs with the GIL released, and with O_NONBLOCK, so a FIFO without a
+ * writer (or a device) cannot block it; what is not a regular file (a streamed
+ * upload declares its size) is refused before any read. NULL with OSError set,
+ * naming the file. */
+static FILE *open_regular_file(const char *path, PyObject *name, long long *size)
+{
+    struct stat st;
+    FILE *fp = NULL;
+    PyObject *msg = NULL, *exc = NULL;
+    int fd, flags, err = 0;
+
+    Py_BEGIN_ALLOW_THREADS
+    fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) < 0)
+        err = errno;
+    else if (S_ISREG(st.st_mode) &&
+             ((flags = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0 ||
+              (fp = fdopen(fd, "rb")) == NULL))
+        err = errno;
+    if (fp == NULL && fd >= 0)
+        close(fd);
+    Py_END_ALLOW_THREADS
+    if (err != 0) {
+        errno = err;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, name);
+    } else if (fp == NULL) {
+        msg = PyUnicode_FromFormat(
+            "not a regular file (it is %s): upload(file=) streams regular files only",
+            file_kind(st.st_mode));
+        if (msg != NULL)
+            exc = PyObject_CallFunction(PyExc_OSError, "iOO", S_ISDIR(st.st_mode) ? EISDIR : EINVAL,
+                                        msg, name);
+        if (exc != NULL)
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+    } else {
+        *size = (long long)st.st_size;
+    }
+    Py_XDECREF(msg);
+    Py_XDECREF(exc);
+    return fp;
+}
+
+static PyObject *upload_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "path", "data", "file", NULL};
-    PyObject *id_o, *path_o, *data_o = Py_None, *file_o = Py_None, *fspath = NULL;
+    PyObject *id_o, *path_o, *data_o = Py_None, *file_o = Py_None, *fspath = NULL, *result = NULL;
     const char *id, *path;
     Py_buffer buf = {0};
     FILE *fp = NULL;
     long long size = 0;
-    PyObject *result = NULL;
+    native_call nc;
+    int rc;
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$O", kw, &id_o, &path_o, &data_o, &file_o) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
         (path = arg_cstr(path_o, "path", 4096)) == NULL)
-        return NULL;
+        goto done;
     if ((data_o == Py_None) == (file_o == Py_None)) {
         PyErr_SetString(PyExc_TypeError, "upload needs exactly one of data= or file=");
-        return NULL;
+        goto done;
     }
     if (data_o != Py_None) {
         if (PyObject_GetBuffer(data_o, &buf, PyBUF_SIMPLE) < 0)
-            return NULL;
-    } else {
-        struct stat stt;
-        const char *fs;
-        if (!PyUnicode_FSConverter(file_o, &fspath))
-            return NULL;
-        fs = PyBytes_AS_STRING(fspath);
-        fp = fopen(fs, "rb");
-        if (fp == NULL || fstat(fileno(fp), &stt) < 0) {
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, file_o);
             goto done;
-        }
-        if (!S_ISREG(stt.st_mode)) {
-            errno = EISDIR; /* streamed with a declared size: regular files only */
-            PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, file_o);
-            goto done;
-        }
-        size = (long long)stt.st_size;
+    } else if (!PyUnicode_FSConverter(file_o, &fspath) ||
+               (fp = open_regular_file(PyBytes_AS_STRING(fspath), file_o, &size)) == NULL) {
+        goto done;
     }
-    {
-        CALL_BEGIN(self, NULL);
-        if (ctx.eng == NULL)
-            goto done;
-        CALL_RUN(cos_op_upload(&ctx, id, path, buf.buf, (size_t)buf.len, fp, size));
-        if (!call_failed(self, &ctx, rc))
-            result = Py_NewRef(Py_None);
-    }
+    if (call_start(&nc, self, NULL) < 0)
+        goto done;
+    call_release(&nc);
+    rc = cos_op_upload(&nc.ctx, id, path, buf.buf, (size_t)buf.len, fp, size);
+    if (call_finish(&nc, rc) == 0)
+        result = Py_NewRef(Py_None);
 done:
     if (buf.obj)
         PyBuffer_Release(&buf);
@@ -658,37 +700,44 @@ done:
     return result;
 }
 
-OWNED_KWDS(c_upload)
+static PyObject *c_upload(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    return with_own_kwds(upload_impl, self, args, kwds);
+}
 
-static PyObject *c_download_impl(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *download_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"sandbox_id", "path", "max_bytes", NULL};
-    PyObject *id_o, *path_o, *result;
+    PyObject *id_o, *path_o, *result = NULL;
     const char *id, *path;
     Py_ssize_t max_bytes;
     cos_buf out = {0};
+    native_call nc;
+    int rc;
+
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO$n", kw, &id_o, &path_o, &max_bytes) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
         (path = arg_cstr(path_o, "path", 4096)) == NULL)
-        return NULL;
+        goto done;
     if (max_bytes < 0) {
         PyErr_SetString(PyExc_ValueError, "max_bytes must be >= 0");
-        return NULL;
+        goto done;
     }
-    CALL_BEGIN(self, NULL);
-    if (ctx.eng == NULL)
-        return NULL;
-    CALL_RUN(cos_op_download(&ctx, id, path, (size_t)max_bytes, &out));
-    if (call_failed(self, &ctx, rc)) {
-        cos_buf_free(&out);
-        return NULL;
-    }
-    result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.len);
+    if (call_start(&nc, self, NULL) < 0)
+        goto done;
+    call_release(&nc);
+    rc = cos_op_download(&nc.ctx, id, path, (size_t)max_bytes, &out);
+    if (call_finish(&nc, rc) == 0)
+        result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.len);
+done:
     cos_buf_free(&out);
     return result;
 }
 
-OWNED_KWDS(c_download)
+static PyObject *c_download(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    return with_own_kwds(download_impl, self, args, kwds);
+}
 
 /* Shared by exec and run_program: everything the exec request needs. */
 typedef struct {
@@ -756,130 +805,132 @@ static PyObject *finish_exec(ClientObject *self, exec_params *p, cos_exec_out *x
     return cos_make_result(state_of((PyObject *)self), xo, sid);
 }
 
-static PyObject *c_exec_impl(ClientObject *self, PyObject *args, PyObject *kwds)
+static PyObject *exec_impl(ClientObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"sandbox_id", "cmd", "args", "stdin", "env", "timeout", "max_output_bytes",
-                         "stream", "on_output", NULL};
+    static char *kw[] = {"sandbox_id",       "cmd",    "args",      "stdin", "env", "timeout",
+                         "max_output_bytes", "stream", "on_output", NULL};
     PyObject *id_o, *cmd_o, *args_o = NULL, *stdin_o = Py_None, *env_o = Py_None, *timeout_o = NULL,
                             *on_output = Py_None, *result = NULL;
     Py_ssize_t max_output = (Py_ssize_t)COS_DEFAULT_MAX_OUTPUT;
-    int stream = 1;
+    int stream = 1, rc, have_params = 0, have_xo = 0;
     const char *id;
     exec_params p;
     cos_exec_out xo;
+    native_call nc;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnpO", kw, &id_o, &cmd_o, &args_o, &stdin_o,
-                                     &env_o, &timeout_o, &max_output, &stream, &on_output) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnpO", kw, &id_o, &cmd_o, &args_o,
+                                     &stdin_o, &env_o, &timeout_o, &max_output, &stream,
+                                     &on_output) ||
         (id = arg_cstr(id_o, "sandbox_id", COS_ID_MAX)) == NULL ||
         parse_exec_common(&p, cmd_o, args_o, stdin_o, env_o, timeout_o, max_output, on_output) < 0)
-        return NULL;
-    p.a.stream = stream;
-    if (cos_exec_out_init(&xo, (size_t)p.max_output) < 0) {
-        free_exec_params(&p);
-        return PyErr_NoMemory();
-    }
-    {
-        CALL_BEGIN(self, p.on_output);
-        if (ctx.eng == NULL)
-            goto done;
-        CALL_RUN(cos_op_exec(&ctx, id, &p.a, &xo));
-        if (!call_failed(self, &ctx, rc))
-            result = finish_exec(self, &p, &xo, NULL);
-    }
-done:
-    cos_exec_out_free(&xo);
-    free_exec_params(&p);
-    return result;
-}
-
-OWNED_KWDS(c_exec)
-
-static PyObject *c_run_program_impl(ClientObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kw[] = {"create", "cmd", "args", "files", "stdin", "timeout", "max_output_bytes",
-                         "on_output", "delete", "sandbox_id", "env", NULL};
-    PyObject *create_o, *cmd_o, *args_o = NULL, *files_o = NULL, *stdin_o = Py_None,
-                                *timeout_o = NULL, *on_output = Py_None, *sid_o = Py_None, *env_o = Py_None,
-                                *files_fast = NULL, *result = NULL;
-    const char *delete_mode = "wait", *adopt = NULL;
-    Py_ssize_t max_output = (Py_ssize_t)COS_DEFAULT_MAX_OUTPUT, nfiles = 0, i;
-    cos_file *files = NULL;
-    json_t *spec = NULL;
-    exec_params p;
-    cos_exec_out xo;
-    char sid[COS_ID_MAX];
-    int ok, background, have_params = 0, have_xo = 0;
-
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnOsOO", kw, &create_o, &cmd_o, &args_o,
-                                     &files_o, &stdin_o, &timeout_o, &max_output, &on_output,
-                                     &delete_mode, &sid_o, &env_o))
-        return NULL;
-    if (strcmp(delete_mode, "wait") != 0 && strcmp(delete_mode, "background") != 0) {
-        PyErr_SetString(PyExc_ValueError, "delete must be \"wait\" or \"background\"");
-        return NULL;
-    }
-    background = delete_mode[0] == 'b';
-    if (sid_o != Py_None && (adopt = arg_cstr(sid_o, "sandbox_id", COS_ID_MAX)) == NULL)
-        return NULL;
-    if (parse_exec_common(&p, cmd_o, args_o, stdin_o, env_o, timeout_o, max_output, on_output) < 0)
-        return NULL;
+        goto done;
     have_params = 1;
-    p.a.stream = 1;
-    if (adopt == NULL) {
-        spec = cos_arg_json(create_o, 1, "create", &ok);
-        if (!ok)
-            goto done;
-        if (spec == NULL) {
-            PyErr_SetString(PyExc_TypeError, "create must be a mapping");
-            goto done;
-        }
-    }
-    if (files_o != NULL) {
-        /* a tuple we own: it holds every (path, data) pair, and each pair
-         * (immutable) its str and bytes, for the whole call; the caller's own
-         * list may be cleared by another thread while the GIL is released */
-        if (PyUnicode_Check(files_o) || PyBytes_Check(files_o) || PyByteArray_Check(files_o)) {
-            PyErr_SetString(PyExc_TypeError, "files must be a sequence of (path: str, data: bytes)");
-            goto done;
-        }
-        if ((files_fast = PySequence_Tuple(files_o)) == NULL)
-            goto done;
-        nfiles = PyTuple_GET_SIZE(files_fast);
-        if (nfiles > 0 && (files = PyMem_Calloc((size_t)nfiles, sizeof *files)) == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        for (i = 0; i < nfiles; i++) {
-            PyObject *item = PyTuple_GET_ITEM(files_fast, i);
-            char *data;
-            Py_ssize_t len;
-            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
-                !PyBytes_Check(PyTuple_GET_ITEM(item, 1))) {
-                PyErr_SetString(PyExc_TypeError, "files must be a sequence of (path: str, data: bytes)");
-                goto done;
-            }
-            if ((files[i].path = arg_cstr(PyTuple_GET_ITEM(item, 0), "file path", 4096)) == NULL)
-                goto done;
-            /* bytes are immutable and files_fast keeps them alive without the GIL */
-            if (PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), &data, &len) < 0)
-                goto done;
-            files[i].data = data;
-            files[i].len = (size_t)len;
-        }
-    }
+    p.a.stream = stream;
     if (cos_exec_out_init(&xo, (size_t)p.max_output) < 0) {
         PyErr_NoMemory();
         goto done;
     }
     have_xo = 1;
-    {
-        CALL_BEGIN(self, p.on_output);
-        if (ctx.eng == NULL)
-            goto done;
-        CALL_RUN(cos_op_run_program(&ctx, spec, adopt, files, (size_t)nfiles, &p.a, background, &xo, sid));
-        if (!call_failed(self, &ctx, rc))
-            result = finish_exec(self, &p, &xo, sid);
+    if (call_start(&nc, self, p.on_output) < 0)
+        goto done;
+    call_release(&nc);
+    rc = cos_op_exec(&nc.ctx, id, &p.a, &xo);
+    if (call_finish(&nc, rc) == 0)
+        result = finish_exec(self, &p, &xo, NULL);
+done:
+    if (have_xo)
+        cos_exec_out_free(&xo);
+    if (have_params)
+        free_exec_params(&p);
+    return result;
+}
+
+static PyObject *c_exec(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    return with_own_kwds(exec_impl, self, args, kwds);
+}
+
+/* run_program's files=: a tuple we own holds every (path, data) pair, and each
+ * pair (immutable) its str and bytes, for the whole call; the caller's own
+ * list may be cleared by another thread while the GIL is released. 0, or -1
+ * with an exception. */
+static int parse_files(PyObject *files_o, PyObject **snapshot, cos_file **files, Py_ssize_t *nfiles)
+{
+    Py_ssize_t i;
+    if (PyUnicode_Check(files_o) || PyBytes_Check(files_o) || PyByteArray_Check(files_o))
+        goto type_error;
+    if ((*snapshot = PySequence_Tuple(files_o)) == NULL)
+        return -1;
+    *nfiles = PyTuple_GET_SIZE(*snapshot);
+    if (*nfiles > 0 && (*files = PyMem_Calloc((size_t)*nfiles, sizeof **files)) == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
+    for (i = 0; i < *nfiles; i++) {
+        PyObject *item = PyTuple_GET_ITEM(*snapshot, i);
+        char *data;
+        Py_ssize_t len;
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(item, 1)))
+            goto type_error;
+        if (((*files)[i].path = arg_cstr(PyTuple_GET_ITEM(item, 0), "file path", 4096)) == NULL ||
+            PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), &data, &len) < 0)
+            return -1;
+        (*files)[i].data = data; /* immutable bytes, kept alive by the snapshot */
+        (*files)[i].len = (size_t)len;
+    }
+    return 0;
+type_error:
+    PyErr_SetString(PyExc_TypeError, "files must be a sequence of (path: str, data: bytes)");
+    return -1;
+}
+
+static PyObject *run_program_impl(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {
+        "create",           "cmd",       "args",   "files",      "stdin", "timeout",
+        "max_output_bytes", "on_output", "delete", "sandbox_id", "env",   NULL};
+    PyObject *create_o, *cmd_o, *args_o = NULL, *files_o = NULL, *stdin_o = Py_None,
+                                *timeout_o = NULL, *on_output = Py_None, *sid_o = Py_None,
+                                *env_o = Py_None, *snapshot = NULL, *result = NULL;
+    const char *delete_mode = "wait", *adopt = NULL;
+    Py_ssize_t max_output = (Py_ssize_t)COS_DEFAULT_MAX_OUTPUT, nfiles = 0;
+    cos_file *files = NULL;
+    json_t *spec = NULL;
+    exec_params p;
+    cos_exec_out xo;
+    native_call nc;
+    char sid[COS_ID_MAX];
+    int rc, have_params = 0, have_xo = 0;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O$OOOnOsOO", kw, &create_o, &cmd_o, &args_o,
+                                     &files_o, &stdin_o, &timeout_o, &max_output, &on_output,
+                                     &delete_mode, &sid_o, &env_o))
+        goto done;
+    if (strcmp(delete_mode, "wait") != 0 && strcmp(delete_mode, "background") != 0) {
+        PyErr_SetString(PyExc_ValueError, "delete must be \"wait\" or \"background\"");
+        goto done;
+    }
+    if ((sid_o != Py_None && (adopt = arg_cstr(sid_o, "sandbox_id", COS_ID_MAX)) == NULL) ||
+        parse_exec_common(&p, cmd_o, args_o, stdin_o, env_o, timeout_o, max_output, on_output) < 0)
+        goto done;
+    have_params = 1;
+    p.a.stream = 1;
+    if ((adopt == NULL && (spec = arg_mapping(create_o, "create")) == NULL) ||
+        (files_o != NULL && parse_files(files_o, &snapshot, &files, &nfiles) < 0))
+        goto done;
+    if (cos_exec_out_init(&xo, (size_t)p.max_output) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    have_xo = 1;
+    if (call_start(&nc, self, p.on_output) < 0)
+        goto done;
+    call_release(&nc);
+    rc = cos_op_run_program(&nc.ctx, spec, adopt, files, (size_t)nfiles, &p.a,
+                            delete_mode[0] == 'b', &xo, sid);
+    if (call_finish(&nc, rc) == 0)
+        result = finish_exec(self, &p, &xo, sid);
 done:
     if (have_xo)
         cos_exec_out_free(&xo);
@@ -887,22 +938,44 @@ done:
         free_exec_params(&p);
     json_decref(spec);
     PyMem_Free(files);
-    Py_XDECREF(files_fast);
+    Py_XDECREF(snapshot);
     return result;
 }
 
-OWNED_KWDS(c_run_program)
+static PyObject *c_run_program(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    return with_own_kwds(run_program_impl, self, args, kwds);
+}
+
+/* One background-delete outcome as (sandbox_id, status or None, error or None).
+ * Decoded with "replace": whatever the bytes, no outcome is lost. */
+static PyObject *outcome_tuple(const cos_outcome *o)
+{
+    PyObject *id = cos_decode(o->id, strlen(o->id)),
+             *status = o->status > 0 ? PyLong_FromLong(o->status) : Py_NewRef(Py_None),
+             *error = o->error ? cos_decode(o->error, strlen(o->error)) : Py_NewRef(Py_None),
+             *t = NULL;
+    if (id != NULL && status != NULL && error != NULL)
+        t = PyTuple_Pack(3, id, status, error);
+    Py_XDECREF(id);
+    Py_XDECREF(status);
+    Py_XDECREF(error);
+    return t;
+}
 
 static PyObject *c_drain_deletes(ClientObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"timeout", NULL};
     double timeout = 0.0, end;
-    cos_outcome *all, *o;
-    PyObject *list;
+    cos_outcome *all = NULL, *o;
+    PyObject *list = NULL;
+
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|d", kw, &timeout))
-        return NULL;
-    if (self->eng == NULL || cos_engine_pid(self->eng) != getpid())
-        return PyList_New(0);
+        goto done;
+    if (self->eng == NULL || cos_engine_pid(self->eng) != getpid()) {
+        list = PyList_New(0);
+        goto done;
+    }
     end = cos_now_ms() + (isfinite(timeout) && timeout > 0 ? timeout * 1000.0 : 0);
     for (;;) {
         size_t pending;
@@ -913,27 +986,19 @@ static PyObject *c_drain_deletes(ClientObject *self, PyObject *args, PyObject *k
         if (pending == 0 || cos_now_ms() >= end)
             break;
         if (PyErr_CheckSignals() < 0)
-            return NULL;
+            goto done;
     }
     all = cos_engine_take_outcomes(self->eng);
     if ((list = PyList_New(0)) == NULL)
         goto done;
     for (o = all; o != NULL; o = o->next) {
-        PyObject *t = Py_BuildValue("(sOs)", o->id, Py_None, o->error);
-        if (t != NULL && o->status > 0) {
-            PyObject *st = PyLong_FromLong(o->status);
-            if (st == NULL) {
-                Py_CLEAR(t);
-            } else {
-                Py_SETREF(PyTuple_GET_ITEM(t, 1), st);
-            }
-        }
-        if (t == NULL || PyList_Append(list, t) < 0) {
-            Py_XDECREF(t);
+        PyObject *t = outcome_tuple(o);
+        int appended = t != NULL && PyList_Append(list, t) == 0;
+        Py_XDECREF(t);
+        if (!appended) {
             Py_CLEAR(list);
             goto done;
         }
-        Py_DECREF(t);
     }
 done:
     cos_outcomes_free(all);
@@ -968,8 +1033,8 @@ static PyObject *c_stats(ClientObject *self, PyObject *unused)
         Py_DECREF(n);
     }
     if (self->eng != NULL) {
-        PyObject *n = PyLong_FromSize_t(cos_engine_pid(self->eng) == getpid()
-                                            ? cos_engine_pending_deletes(self->eng) : 0);
+        PyObject *n = PyLong_FromSize_t(
+            cos_engine_pid(self->eng) == getpid() ? cos_engine_pending_deletes(self->eng) : 0);
         if (n == NULL || PyDict_SetItemString(d, "pending_deletes", n) < 0) {
             Py_XDECREF(n);
             Py_DECREF(d);
@@ -1012,7 +1077,8 @@ static PyMethodDef client_methods[] = {
     {"whoami", (PyCFunction)c_whoami, METH_NOARGS, "GET /v1/whoami"},
     {"shapes", (PyCFunction)c_shapes, METH_NOARGS, "Every shape, all pages."},
     {"rootfs", (PyCFunction)c_rootfs, METH_NOARGS, "GET /v1/rootfs"},
-    {"create", (PyCFunction)(void (*)(void))c_create, METH_VARARGS | METH_KEYWORDS, "Create a sandbox."},
+    {"create", (PyCFunction)(void (*)(void))c_create, METH_VARARGS | METH_KEYWORDS,
+     "Create a sandbox."},
     {"get", (PyCFunction)c_get, METH_O, "The view of one sandbox."},
     {"list", (PyCFunction)(void (*)(void))c_list, METH_VARARGS | METH_KEYWORDS,
      "Every sandbox, all pages, filtered by name prefix and status."},
@@ -1020,7 +1086,8 @@ static PyMethodDef client_methods[] = {
     {"pause", (PyCFunction)c_pause, METH_O, "Pause a sandbox."},
     {"resume", (PyCFunction)(void (*)(void))c_resume, METH_VARARGS | METH_KEYWORDS,
      "Resume; with wait=seconds, poll until running."},
-    {"fork", (PyCFunction)(void (*)(void))c_fork, METH_VARARGS | METH_KEYWORDS, "Fork a paused sandbox."},
+    {"fork", (PyCFunction)(void (*)(void))c_fork, METH_VARARGS | METH_KEYWORDS,
+     "Fork a paused sandbox."},
     {"patch", (PyCFunction)c_patch, METH_VARARGS, "PATCH a sandbox."},
     {"get_egress", (PyCFunction)c_get_egress, METH_O, "The egress allowlist."},
     {"put_egress", (PyCFunction)c_put_egress, METH_VARARGS, "Replace the egress allowlist."},
@@ -1033,17 +1100,29 @@ static PyMethodDef client_methods[] = {
      "create -> upload -> exec -> delete, in C."},
     {"drain_deletes", (PyCFunction)(void (*)(void))c_drain_deletes, METH_VARARGS | METH_KEYWORDS,
      "Outcomes of background deletes."},
-    {"pending_deletes", (PyCFunction)c_pending_deletes, METH_NOARGS, "Background deletes in flight."},
+    {"pending_deletes", (PyCFunction)c_pending_deletes, METH_NOARGS,
+     "Background deletes in flight."},
     {"stats", (PyCFunction)c_stats, METH_NOARGS, "Counters."},
-    {"close", (PyCFunction)c_close, METH_NOARGS, "Stop the I/O thread (background deletes finish first)."},
+    {"close", (PyCFunction)c_close, METH_NOARGS,
+     "Stop the I/O thread (background deletes finish first)."},
     {"__enter__", (PyCFunction)c_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)c_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *client_base_url(ClientObject *self, void *closure)
+{
+    (void)closure;
+    return Py_NewRef(self->base_url ? self->base_url : Py_None); /* None before __init__ */
+}
+
+static PyGetSetDef client_getset[] = {
+    {"base_url", (getter)client_base_url, NULL, "The normalised base URL.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMemberDef client_members[] = {
-    {"base_url", T_OBJECT, offsetof(ClientObject, base_url), READONLY, "The normalised base URL."},
-    {"__weaklistoffset__", T_PYSSIZET, offsetof(ClientObject, weakreflist), READONLY, NULL},
+    {"__weaklistoffset__", Py_T_PYSSIZET, offsetof(ClientObject, weakreflist), Py_READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -1056,6 +1135,7 @@ static PyType_Slot client_slots[] = {
     {Py_tp_repr, client_repr},
     {Py_tp_methods, client_methods},
     {Py_tp_members, client_members},
+    {Py_tp_getset, client_getset},
     {Py_tp_doc, "Thread-safe CreateOS control-plane client; share one per process."},
     {0, NULL},
 };
@@ -1072,7 +1152,8 @@ int cos_client_add_types(PyObject *module, cos_state *st)
     if (cos_execresult_add_type(module, st) < 0)
         return -1;
     st->ClientType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &client_spec, NULL);
-    if (st->ClientType == NULL || PyModule_AddObjectRef(module, "Client", (PyObject *)st->ClientType) < 0)
+    if (st->ClientType == NULL ||
+        PyModule_AddObjectRef(module, "Client", (PyObject *)st->ClientType) < 0)
         return -1;
     return 0;
 }

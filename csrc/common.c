@@ -14,10 +14,13 @@ void cos_err_clear(cos_err *err)
 void cos_err_set(cos_err *err, cos_kind kind, const char *fmt, ...)
 {
     va_list ap;
+    int n;
     err->kind = kind;
     va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    n = vsnprintf(err->msg, sizeof err->msg, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof err->msg) /* cut short: never inside a UTF-8 sequence */
+        err->msg[cos_utf8_trim(err->msg, sizeof err->msg - 1)] = '\0';
 }
 
 int cos_kind_is_transient(cos_kind kind)
@@ -40,21 +43,32 @@ cos_kind cos_kind_for_status(long status)
     return COS_E_PROTOCOL;
 }
 
+int cos_buf_reserve(cos_buf *b, size_t n)
+{
+    size_t need = b->len + n, cap;
+    char *p;
+    if (n > SIZE_MAX - b->len || (b->max && need > b->max))
+        return -1;
+    if (need <= b->cap)
+        return 0;
+    cap = b->cap ? b->cap : 1024;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? SIZE_MAX : cap * 2;
+    if (b->max && cap > b->max)
+        cap = b->max;
+    if ((p = realloc(b->data, cap)) == NULL)
+        return -1;
+    b->data = p;
+    b->cap = cap;
+    return 0;
+}
+
 int cos_buf_append(cos_buf *b, const void *data, size_t n)
 {
     if (n == 0)
         return 0;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
-        char *p;
-        while (cap < b->len + n)
-            cap *= 2;
-        p = realloc(b->data, cap);
-        if (p == NULL)
-            return -1;
-        b->data = p;
-        b->cap = cap;
-    }
+    if (cos_buf_reserve(b, n) < 0)
+        return -1;
     memcpy(b->data + b->len, data, n);
     b->len += n;
     return 0;
@@ -63,7 +77,8 @@ int cos_buf_append(cos_buf *b, const void *data, size_t n)
 void cos_buf_free(cos_buf *b)
 {
     free(b->data);
-    memset(b, 0, sizeof *b);
+    b->data = NULL;
+    b->len = b->cap = 0;
 }
 
 size_t cos_utf8_cut(const char *s, size_t n, size_t room)
@@ -84,34 +99,10 @@ int cos_outbuf_append(cos_outbuf *b, const char *s, size_t n)
     size_t take;
     if (b->truncated || n == 0)
         return 0;
-    take = cos_utf8_cut(s, n, b->limit - b->len);
+    take = cos_utf8_cut(s, n, b->buf.max - b->buf.len);
     if (take < n)
         b->truncated = 1;
-    if (take == 0)
-        return 0;
-    if (b->len + take > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        char *p;
-        while (cap < b->len + take)
-            cap *= 2;
-        if (cap > b->limit)
-            cap = b->limit;
-        p = realloc(b->data, cap);
-        if (p == NULL)
-            return -1;
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, take);
-    b->len += take;
-    return 0;
-}
-
-void cos_outbuf_free(cos_outbuf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = b->cap = b->delivered = 0;
+    return cos_buf_append(&b->buf, s, take);
 }
 
 int cos_exec_out_init(cos_exec_out *x, size_t max_output)
@@ -119,40 +110,30 @@ int cos_exec_out_init(cos_exec_out *x, size_t max_output)
     memset(x, 0, sizeof *x);
     if (pthread_mutex_init(&x->mu, NULL) != 0)
         return -1;
-    x->out[0].limit = max_output;
-    x->out[1].limit = max_output;
+    x->out[0].buf.max = max_output;
+    x->out[1].buf.max = max_output;
+    x->error.max = COS_ERROR_TEXT_MAX;
     x->exit_code = -1;
     return 0;
 }
 
 void cos_exec_out_free(cos_exec_out *x)
 {
-    cos_outbuf_free(&x->out[0]);
-    cos_outbuf_free(&x->out[1]);
-    free(x->error);
-    x->error = NULL;
+    cos_buf_free(&x->out[0].buf);
+    cos_buf_free(&x->out[1].buf);
+    cos_buf_free(&x->error);
     pthread_mutex_destroy(&x->mu);
 }
 
 int cos_exec_out_add_error(cos_exec_out *x, const char *s, size_t n)
 {
-    size_t sep = x->error_len ? 1 : 0;
-    size_t room, take;
-    char *p;
-    if (x->error_len + sep >= COS_ERROR_TEXT_MAX)
+    size_t sep = x->error.len ? 1 : 0, room;
+    if (x->error.len + sep >= x->error.max)
         return 0;
-    room = COS_ERROR_TEXT_MAX - x->error_len - sep;
-    take = cos_utf8_cut(s, n, room);
-    p = realloc(x->error, x->error_len + sep + take + 1);
-    if (p == NULL)
+    room = x->error.max - x->error.len - sep;
+    if (sep && cos_buf_append(&x->error, "\n", 1) < 0)
         return -1;
-    x->error = p;
-    if (sep)
-        p[x->error_len++] = '\n';
-    memcpy(p + x->error_len, s, take);
-    x->error_len += take;
-    p[x->error_len] = '\0';
-    return 0;
+    return cos_buf_append(&x->error, s, cos_utf8_cut(s, n, room));
 }
 
 int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len)
@@ -162,65 +143,157 @@ int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len)
     *data = NULL;
     *len = 0;
     pthread_mutex_lock(&x->mu);
-    if (b->len > b->delivered) {
-        *len = b->len - b->delivered;
+    if (b->buf.len > b->delivered) {
+        *len = b->buf.len - b->delivered;
         *data = malloc(*len);
         if (*data == NULL) {
             *len = 0;
             rc = -1;
         } else {
-            memcpy(*data, b->data + b->delivered, *len);
-            b->delivered = b->len;
+            memcpy(*data, b->buf.data + b->delivered, *len);
+            b->delivered = b->buf.len;
         }
     }
     pthread_mutex_unlock(&x->mu);
     return rc;
 }
 
-/* The secret as it appears inside a JSON string ('/' may be escaped too). */
-static size_t json_escaped(const char *secret, char *out, size_t outcap, int escape_slash)
+size_t cos_utf8_seq(const unsigned char *s, size_t n)
 {
-    size_t n = 0;
-    for (; *secret; secret++) {
-        int esc = *secret == '"' || *secret == '\\' || (escape_slash && *secret == '/');
-        if (n + 3 > outcap)
+    unsigned char c = s[0], lo = 0x80, hi = 0xBF;
+    size_t len, k;
+    if (c < 0x80)
+        return 1;
+    if (c < 0xC2 || c > 0xF4)
+        return 0; /* continuation byte, overlong lead (C0, C1), beyond U+10FFFF */
+    len = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (c == 0xE0)
+        lo = 0xA0; /* overlong */
+    else if (c == 0xED)
+        hi = 0x9F; /* surrogates */
+    else if (c == 0xF0)
+        lo = 0x90; /* overlong */
+    else if (c == 0xF4)
+        hi = 0x8F; /* beyond U+10FFFF */
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    for (k = 2; k < len; k++)
+        if ((s[k] & 0xC0) != 0x80)
             return 0;
-        if (esc)
-            out[n++] = '\\';
-        out[n++] = *secret;
-    }
-    out[n] = '\0';
-    return n;
+    return len;
 }
 
-/* Length of the longest run starting at s that occurs anywhere in v. */
-static size_t longest_piece(const char *s, size_t n, const char *v, size_t vlen)
+size_t cos_utf8_trim(const char *s, size_t n)
 {
-    size_t best = 0, j, k;
-    for (j = 0; j < vlen; j++) {
-        if (v[j] != s[0])
-            continue;
-        for (k = 1; k < n && j + k < vlen && v[j + k] == s[k]; k++)
-            ;
-        if (k > best)
-            best = k;
+    size_t start = n, back;
+    for (back = 0; back < 4 && start > 0; back++) {
+        unsigned char c = (unsigned char)s[--start];
+        if ((c & 0xC0) != 0x80)
+            return cos_utf8_seq((const unsigned char *)s + start, n - start) ? n : start;
     }
-    return best;
+    return n;
 }
 
 /* A run this long copied from the key counts as the key: servers that reflect
  * headers may cut them anywhere, and half a key is still a leak. */
 #define SECRET_PIECE_MIN 8
 
+static unsigned char ascii_lower(unsigned char c)
+{
+    return c >= 'A' && c <= 'Z' ? (unsigned char)(c + ('a' - 'A')) : c;
+}
+
+/* The character of s at *i, folded to lower case, and *i moved past it. With
+ * unescape, a JSON escape of '"', '\\' or '/' reads as the character itself. */
+static unsigned char text_char(const char *s, size_t n, size_t *i, int unescape)
+{
+    unsigned char c = (unsigned char)s[*i];
+    if (unescape && c == '\\' && *i + 1 < n &&
+        (s[*i + 1] == '"' || s[*i + 1] == '\\' || s[*i + 1] == '/'))
+        c = (unsigned char)s[++*i];
+    ++*i;
+    return ascii_lower(c);
+}
+
+/* How many bytes at the start of s spell the longest run of the (folded)
+ * secret found anywhere in it, read raw or JSON-unescaped; 0 when that run is
+ * shorter than min characters. */
+static size_t secret_run(const char *s, size_t n, const unsigned char *secret, size_t slen,
+                         size_t min)
+{
+    size_t best = 0, j, first;
+    int unescape;
+    for (unescape = 0; unescape < 2; unescape++) {
+        size_t at = 0;
+        unsigned char c0 = text_char(s, n, &at, unescape);
+        for (j = 0; j + min <= slen; j++) {
+            size_t i = at, k = j + 1, end = at;
+            if (secret[j] != c0)
+                continue;
+            while (i < n && k < slen) {
+                first = i;
+                if (text_char(s, n, &i, unescape) != secret[k]) {
+                    i = first;
+                    break;
+                }
+                k++;
+                end = i;
+            }
+            if (k - j >= min && end > best)
+                best = end;
+        }
+    }
+    return best;
+}
+
+/* What one step of the sanitizer writes for the text at src[i]: a piece of
+ * output (pointing into src or into esc), how many characters it counts for,
+ * and how many input bytes it consumes. */
+typedef struct {
+    const char *piece;
+    size_t len, chars, consumed;
+    char esc[8];
+} san_step;
+
+static void escape_step(san_step *st, const unsigned char *s, size_t n)
+{
+    size_t seq = cos_utf8_seq(s, n);
+    unsigned cp = 0;
+    st->piece = st->esc;
+    st->consumed = seq ? seq : 1;
+    if (seq == 0) {
+        memcpy(st->esc, "?", 2); /* ill-formed: one byte at a time, never the ASCII after it */
+    } else if (seq == 1 && (s[0] < 0x20 || s[0] == 0x7F)) {
+        if (s[0] == '\n' || s[0] == '\r' || s[0] == '\t')
+            snprintf(st->esc, sizeof st->esc, "\\%c",
+                     s[0] == '\n'   ? 'n'
+                     : s[0] == '\r' ? 'r'
+                                    : 't');
+        else
+            snprintf(st->esc, sizeof st->esc, "\\x%02x", s[0]);
+    } else if (seq == 2 && s[0] == 0xC2 && s[1] < 0xA0) {
+        cp = s[1]; /* C1 control */
+    } else if (seq == 3 && s[0] == 0xE2 && s[1] == 0x80 && (s[2] == 0xA8 || s[2] == 0xA9)) {
+        cp = 0x2000u | (s[2] == 0xA8 ? 0x28u : 0x29u); /* line / paragraph separator */
+    } else {
+        st->piece = (const char *)s;
+        st->len = seq;
+        st->chars = 1;
+        return;
+    }
+    if (cp)
+        snprintf(st->esc, sizeof st->esc, "\\u%04x", cp);
+    st->len = strlen(st->esc);
+    st->chars = st->len;
+}
+
 void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
                   size_t maxchars)
 {
     static const char mark[] = "[redacted]";
     static const char withheld[] = "[withheld: text cannot be redacted]";
-    /* every character of the key may need an escape ('\\' or '\/') */
-    char variants[3][2 * COS_KEY_MAX + 8];
-    size_t vlen[3] = {0, 0, 0};
-    size_t i = 0, o = 0, chars = 0, piece_min = 0;
+    unsigned char folded[COS_KEY_MAX + 1];
+    size_t i = 0, o = 0, chars = 0, slen = 0, piece_min = 0, k;
     int cut = 0;
 
     if (dstcap < sizeof withheld) {
@@ -228,82 +301,80 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
             dst[0] = '\0';
         return;
     }
-    if (secret != NULL && strlen(secret) > COS_KEY_MAX) {
+    if (secret != NULL && (slen = strlen(secret)) > COS_KEY_MAX) {
         /* fail closed: a key redaction cannot cover never reaches a message */
         memcpy(dst, withheld, sizeof withheld);
         return;
     }
-    if (secret != NULL && *secret != '\0') {
-        vlen[0] = strlen(secret);
-        memcpy(variants[0], secret, vlen[0] + 1);
-        vlen[1] = json_escaped(secret, variants[1], sizeof variants[1], 0);
-        vlen[2] = json_escaped(secret, variants[2], sizeof variants[2], 1);
-        piece_min = vlen[0] < SECRET_PIECE_MIN ? vlen[0] : SECRET_PIECE_MIN;
-    }
+    for (k = 0; k < slen; k++)
+        folded[k] = ascii_lower((unsigned char)secret[k]);
+    piece_min = slen < SECRET_PIECE_MIN ? slen : SECRET_PIECE_MIN;
     while (i < srclen) {
-        size_t v, matched = 0;
-        unsigned char c;
-        for (v = 0; v < 3 && piece_min; v++) {
-            size_t m = vlen[v] ? longest_piece(src + i, srclen - i, variants[v], vlen[v]) : 0;
-            if (m >= piece_min && m > matched)
-                matched = m;
+        san_step st;
+        size_t run = piece_min ? secret_run(src + i, srclen - i, folded, slen, piece_min) : 0;
+        if (run) {
+            st.piece = mark;
+            st.len = st.chars = sizeof mark - 1;
+            st.consumed = run;
+        } else {
+            escape_step(&st, (const unsigned char *)src + i, srclen - i);
         }
-        if (chars >= maxchars) {
+        /* room for "..." and the NUL stays */
+        if (chars + st.chars > maxchars || o + st.len > dstcap - 4) {
             cut = 1;
             break;
         }
-        if (matched) {
-            if (o + sizeof mark > dstcap - 4) {
-                cut = 1;
-                break;
-            }
-            memcpy(dst + o, mark, sizeof mark - 1);
-            o += sizeof mark - 1;
-            i += matched;
-            chars += sizeof mark - 1;
-            continue;
-        }
-        c = (unsigned char)src[i];
-        if (c >= 0x80) {
-            /* copy one whole, well-formed UTF-8 sequence; a stray byte becomes '?'
-             * (and never swallows the ASCII after it) */
-            size_t seq = c >= 0xF8 ? 0 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0, k;
-            for (k = 1; k < seq; k++)
-                if (i + k >= srclen || ((unsigned char)src[i + k] & 0xC0) != 0x80)
-                    seq = 0;
-            if (seq == 0) {
-                if (o + 1 > dstcap - 4) {
-                    cut = 1;
-                    break;
-                }
-                dst[o++] = '?';
-                i++;
-                chars++;
-                continue;
-            }
-            if (o + seq > dstcap - 4) {
-                cut = 1;
-                break;
-            }
-            memcpy(dst + o, src + i, seq);
-            o += seq;
-            i += seq;
-            chars++;
-            continue;
-        }
-        if (o + 1 > dstcap - 4) {
-            cut = 1;
-            break;
-        }
-        dst[o++] = (c < 0x20 || c == 0x7F) ? ' ' : (char)c;
-        i++;
-        chars++;
+        memcpy(dst + o, st.piece, st.len);
+        o += st.len;
+        chars += st.chars;
+        i += st.consumed;
     }
     if (cut) {
         memcpy(dst + o, "...", 3);
         o += 3;
     }
     dst[o] = '\0';
+    cos_wipe(folded, sizeof folded);
+}
+
+int cos_sanitize_buf(cos_buf *b, const char *src, size_t srclen, const char *secret,
+                     size_t maxchars)
+{
+    /* an output character is at most 4 bytes, an input byte at most 10 ("[redacted]") */
+    size_t cap = (srclen < maxchars ? srclen : maxchars) * 10 + 64;
+    char *out = malloc(cap);
+    if (out == NULL)
+        return -1;
+    cos_sanitize(out, cap, src, srclen, secret, maxchars);
+    free(b->data);
+    b->data = out;
+    b->len = strlen(out);
+    b->cap = cap;
+    return 0;
+}
+
+int cos_exec_out_seal(cos_exec_out *x, const char *secret)
+{
+    int rc = 0;
+    pthread_mutex_lock(&x->mu);
+    if (x->error.len > 0)
+        rc = cos_sanitize_buf(&x->error, x->error.data, x->error.len, secret, COS_ERROR_TEXT_MAX);
+    pthread_mutex_unlock(&x->mu);
+    return rc;
+}
+
+int cos_ascii_alnum(unsigned char c)
+{
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+int cos_ascii_caseeq(const char *a, const char *b, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (ascii_lower((unsigned char)a[i]) != ascii_lower((unsigned char)b[i]))
+            return 0;
+    return 1;
 }
 
 void cos_wipe(void *p, size_t n)

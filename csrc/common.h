@@ -19,8 +19,8 @@ typedef enum {
     COS_E_CLOSED,      /* the client was closed during or before the call */
     COS_E_OS,          /* local I/O failure; os_errno set */
     COS_E_NOMEM,
-    COS_E_ABORTED,     /* the binding asked to stop; its own error is pending */
-    COS_E_VALUE,       /* bad argument */
+    COS_E_ABORTED, /* the binding asked to stop; its own error is pending */
+    COS_E_VALUE,   /* bad argument */
 } cos_kind;
 
 #define COS_MSG_MAX 2816
@@ -59,25 +59,27 @@ int cos_kind_is_transient(cos_kind kind);
 /* The error kind an HTTP status maps to (2xx gives COS_OK). */
 cos_kind cos_kind_for_status(long status);
 
-/* Growable byte buffer; callers enforce their own limits. */
+/* The one growable byte buffer: capacity doubles (from 1 KiB) and never passes
+ * max when max is set (0: no limit but memory). */
 typedef struct cos_buf {
     char *data;
-    size_t len, cap;
+    size_t len, cap, max;
 } cos_buf;
 
-int cos_buf_append(cos_buf *b, const void *data, size_t n); /* 0, or -1 on ENOMEM */
-void cos_buf_free(cos_buf *b);
+/* Room for n more bytes: 0, or -1 on ENOMEM or when len + n would pass max. */
+int cos_buf_reserve(cos_buf *b, size_t n);
+int cos_buf_append(cos_buf *b, const void *data, size_t n); /* 0, or -1 as reserve */
+void cos_buf_free(cos_buf *b);                              /* frees the data; keeps max */
 
-/* Output of a guest stream: capped, cut only on UTF-8 boundaries, with a
- * cursor of what was already handed to the caller. */
+/* Output of a guest stream: at most buf.max bytes, cut only on UTF-8
+ * boundaries, with a cursor of what was already handed to the caller. */
 typedef struct cos_outbuf {
-    char *data;
-    size_t len, cap, limit, delivered;
+    cos_buf buf;
+    size_t delivered;
     int truncated;
 } cos_outbuf;
 
 int cos_outbuf_append(cos_outbuf *b, const char *s, size_t n); /* -1 on ENOMEM */
-void cos_outbuf_free(cos_outbuf *b);
 /* Length of the longest prefix of s[0..n) of at most room bytes that does not
  * split a UTF-8 sequence. */
 size_t cos_utf8_cut(const char *s, size_t n, size_t room);
@@ -89,8 +91,7 @@ typedef struct cos_exec_out {
     cos_outbuf out[2]; /* 0 stdout, 1 stderr */
     long long exit_code;
     int has_exit;
-    char *error; /* the service's result.error, NUL-terminated, capped */
-    size_t error_len;
+    cos_buf error; /* the service's result.error / error frames, capped; no NUL kept */
     double exec_ms;
     int has_exec_ms;
     int streamed;
@@ -108,14 +109,44 @@ int cos_exec_out_add_error(cos_exec_out *x, const char *s, size_t n);
  * taken yet; *data is NULL when there is none. -1 on ENOMEM. */
 int cos_exec_out_take(cos_exec_out *x, int stream, char **data, size_t *len);
 
-/* Copy src into dst (NUL-terminated, at most dstcap-1 bytes), replacing every
- * run of 8 or more bytes that occurs in the secret (raw or JSON-escaped: a
- * server may reflect it cut short) by "[redacted]", control
- * characters by spaces, and keeping at most maxchars characters (UTF-8 aware,
- * "..." appended when cut). The secret is removed before the cut, so a cut can
- * never expose a piece of it. */
+/* Length of the well-formed UTF-8 sequence that starts s[0..n) (1 to 4), or 0
+ * when it is ill-formed: a stray continuation byte, an overlong form, a UTF-16
+ * surrogate, a code point above U+10FFFF, or a sequence cut short (the Unicode
+ * Standard, table 3-7). */
+size_t cos_utf8_seq(const unsigned char *s, size_t n);
+/* Length of s[0..n) without a last sequence that was cut short. */
+size_t cos_utf8_trim(const char *s, size_t n);
+
+/* The one sanitizer for text a server or a guest chose, on its way to Python
+ * (messages, status strings, the exec error, delete outcomes). Copies src into
+ * dst (NUL-terminated, at most dstcap-1 bytes):
+ * - every run of 8 or more characters of the secret (all of it when shorter),
+ *   in any case, raw or JSON-escaped (a server may reflect the header cut short
+ *   or case-folded), becomes "[redacted]";
+ * - control characters are escaped: \n \r \t, other C0 controls and DEL as
+ *   \xHH, C1 controls and U+2028/U+2029 as \uHHHH (no log injection);
+ * - every byte of an ill-formed UTF-8 sequence becomes '?': the output is valid
+ *   UTF-8 by construction;
+ * - at most maxchars characters are kept, "..." appended when cut; nothing is
+ *   cut in the middle. The secret is removed before the cut, so a cut can never
+ *   expose a piece of it.
+ * A secret longer than COS_KEY_MAX (refused by the constructor) withholds the
+ * whole text (fail closed). */
 void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
                   size_t maxchars);
+/* The same into b, replacing its content (grown as needed; b->max ignored):
+ * 0, or -1 on ENOMEM (b unchanged). */
+int cos_sanitize_buf(cos_buf *b, const char *src, size_t srclen, const char *secret,
+                     size_t maxchars);
+/* Sanitize the exec error in place, once the exec is over (mutex taken). */
+int cos_exec_out_seal(cos_exec_out *x, const char *secret);
+/* ASCII only, whatever the process locale: setlocale() (which an application may
+ * call) changes what the C library takes for a letter, for the lower case of 'I'
+ * or for the decimal point. */
+int cos_ascii_alnum(unsigned char c);
+/* Whether a[0..n) and b[0..n) are equal, ASCII case ignored. */
+int cos_ascii_caseeq(const char *a, const char *b, size_t n);
+
 /* Zero memory in a way the compiler may not elide. */
 void cos_wipe(void *p, size_t n);
 /* Bounded copy, always NUL-terminated. */

@@ -8,10 +8,9 @@
 #define EASY_POOL_MAX 128
 
 const char *const cos_stat_names[COS_STAT_COUNT] = {
-    "requests",         "connections_opened", "bytes_received", "bytes_sent",
-    "streams",          "fallbacks",          "http_errors",    "transport_errors",
-    "timeouts",         "cancelled",          "deletes_queued", "deletes_done",
-    "deletes_failed",   "outcomes_dropped",
+    "requests",       "connections_opened", "bytes_received",   "bytes_sent",       "streams",
+    "fallbacks",      "http_errors",        "transport_errors", "timeouts",         "cancelled",
+    "deletes_queued", "deletes_done",       "deletes_failed",   "outcomes_dropped",
 };
 
 struct cos_engine {

@@ -3,22 +3,37 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "jsonload.h"
+
 static const char *status_reason(long status)
 {
     switch (status) {
-    case 400: return "bad request";
-    case 401: return "unauthorized (check the API key)";
-    case 402: return "payment required (no credit)";
-    case 403: return "forbidden";
-    case 404: return "not found";
-    case 409: return "conflict";
-    case 422: return "unprocessable request";
-    case 429: return "rate limited";
-    case 500: return "internal server error";
-    case 502: return "bad gateway";
-    case 503: return "service unavailable";
-    case 504: return "gateway timeout";
-    default: return status >= 300 && status < 400 ? "redirect refused" : "request failed";
+    case 400:
+        return "bad request";
+    case 401:
+        return "unauthorized (check the API key)";
+    case 402:
+        return "payment required (no credit)";
+    case 403:
+        return "forbidden";
+    case 404:
+        return "not found";
+    case 409:
+        return "conflict";
+    case 422:
+        return "unprocessable request";
+    case 429:
+        return "rate limited";
+    case 500:
+        return "internal server error";
+    case 502:
+        return "bad gateway";
+    case 503:
+        return "service unavailable";
+    case 504:
+        return "gateway timeout";
+    default:
+        return status >= 300 && status < 400 ? "redirect refused" : "request failed";
     }
 }
 
@@ -39,10 +54,10 @@ static void set_response_error(cos_err *err, const char *op, const cos_meta *met
     if (clean[0] == '\0')
         cos_strlcpy(clean, status_reason(meta->status), sizeof clean);
     if (rid[0])
-        snprintf(err->msg, sizeof err->msg, "%s failed: HTTP %ld (request %s): %s", op, meta->status,
-                 rid, clean);
+        cos_err_set(err, kind, "%s failed: HTTP %ld (request %s): %s", op, meta->status, rid,
+                    clean);
     else
-        snprintf(err->msg, sizeof err->msg, "%s failed: HTTP %ld: %s", op, meta->status, clean);
+        cos_err_set(err, kind, "%s failed: HTTP %ld: %s", op, meta->status, clean);
 }
 
 static void set_protocol_error(cos_err *err, const char *op, const cos_meta *meta,
@@ -74,7 +89,7 @@ static void fail_text(json_t *data, cos_buf *out)
             return;
         }
     }
-    json_object_foreach(data, k, v) {
+    json_object_foreach (data, k, v) {
         if (!json_is_string(v) || strcmp(k, "code") == 0)
             continue;
         if (out->len > 16384)
@@ -102,11 +117,12 @@ void cos_error_from_response(const char *op, const cos_meta *meta, const char *b
     const char *status = NULL;
     json_error_t jerr;
     cos_buf text = {0};
+    int refused = 0;
 
     if (kind == COS_OK)
         kind = COS_E_PROTOCOL;
-    if (len > 0)
-        root = json_loadb(body, len, 0, &jerr);
+    if (len > 0) /* an error body too big to parse within bounds shows as text */
+        root = cos_json_load(body, len, 0, 0, &jerr, &refused);
     if (root != NULL && json_unpack_ex(root, &jerr, 0, "{s:s}", "status", &status) == 0) {
         if (strcmp(status, "fail") == 0) {
             json_t *data = json_object_get(root, "data");
@@ -133,14 +149,14 @@ void cos_error_from_response(const char *op, const cos_meta *meta, const char *b
 }
 
 int cos_envelope_parse(const char *op, const cos_meta *meta, const char *body, size_t len,
-                       const char *secret, cos_err *err, json_t **data)
+                       int to_python, const char *secret, cos_err *err, json_t **data)
 {
     json_t *root = NULL;
     json_t *payload = NULL;
     const char *status = NULL;
     json_error_t jerr;
-    char what[128];
-    int rc = -1;
+    char what[160];
+    int rc = -1, refused = 0;
 
     *data = NULL;
     if (meta->status < 200 || meta->status >= 300) {
@@ -160,11 +176,19 @@ int cos_envelope_parse(const char *op, const cos_meta *meta, const char *body, s
         set_protocol_error(err, op, meta, secret, "response body too large");
         goto done;
     }
-    root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
+    root = cos_json_load(body, len, JSON_ALLOW_NUL, to_python, &jerr, &refused);
+    if (refused) {
+        snprintf(what, sizeof what,
+                 "response too complex to parse within memory bounds (%zu bytes of JSON; at "
+                 "most %d x the body, or %zu MiB, is spent on a parse)",
+                 len, COS_JSON_BUDGET_FACTOR, COS_JSON_BUDGET_FLOOR >> 20);
+        set_protocol_error(err, op, meta, secret, what);
+        goto done;
+    }
     if (root == NULL) {
         /* jerr.text quotes the body: it stays out of the message. */
-        snprintf(what, sizeof what, "response is not valid JSON (at byte %d of %zu)",
-                 jerr.position, len);
+        snprintf(what, sizeof what, "response is not valid JSON (at byte %d of %zu)", jerr.position,
+                 len);
         set_protocol_error(err, op, meta, secret, what);
         goto done;
     }
@@ -174,7 +198,9 @@ int cos_envelope_parse(const char *op, const cos_meta *meta, const char *body, s
     }
     if (strcmp(status, "success") != 0) {
         snprintf(what, sizeof what, "HTTP success with a JSend \"%s\" envelope",
-                 strcmp(status, "fail") == 0 ? "fail" : strcmp(status, "error") == 0 ? "error" : "unknown");
+                 strcmp(status, "fail") == 0    ? "fail"
+                 : strcmp(status, "error") == 0 ? "error"
+                                                : "unknown");
         set_protocol_error(err, op, meta, secret, what);
         goto done;
     }
@@ -208,7 +234,8 @@ int cos_page_items(const char *op, json_t *data, const char *legacy_key, json_t 
             t = json_object_get(pag, "total");
             if (t != NULL && !json_is_null(t)) {
                 if (!json_is_integer(t) || json_integer_value(t) < 0) {
-                    cos_err_set(err, COS_E_PROTOCOL, "%s failed: pagination.total is not a count", op);
+                    cos_err_set(err, COS_E_PROTOCOL, "%s failed: pagination.total is not a count",
+                                op);
                     return -1;
                 }
                 *total = json_integer_value(t);
@@ -219,7 +246,7 @@ int cos_page_items(const char *op, json_t *data, const char *legacy_key, json_t 
         cos_err_set(err, COS_E_PROTOCOL, "%s failed: response has no list of items", op);
         return -1;
     }
-    json_array_foreach(arr, i, item) {
+    json_array_foreach (arr, i, item) {
         if (!json_is_object(item)) {
             cos_err_set(err, COS_E_PROTOCOL, "%s failed: list item %zu is not an object", op, i);
             return -1;
@@ -250,7 +277,8 @@ int cos_exec_result_parse(const char *op, json_t *data, cos_exec_out *x, cos_err
     json_t *result = NULL, *so, *se, *ec, *er, *ms;
     json_error_t jerr;
 
-    if (json_unpack_ex(data, &jerr, 0, "{s:o}", "result", &result) != 0 || !json_is_object(result)) {
+    if (json_unpack_ex(data, &jerr, 0, "{s:o}", "result", &result) != 0 ||
+        !json_is_object(result)) {
         cos_err_set(err, COS_E_PROTOCOL, "%s failed: response has no result object", op);
         return -1;
     }

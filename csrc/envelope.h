@@ -15,9 +15,11 @@
  * reference (json null when the envelope has no data). Otherwise returns -1
  * and fills err: the class from the HTTP status, the server's message
  * (redacted of `secret`, at most COS_SERVER_TEXT_MAX characters), its
- * machine code, request id and Retry-After. */
+ * machine code, request id and Retry-After. A body whose parse would pass the
+ * memory budget (jsonload.h; to_python: the data becomes a Python value too)
+ * is a protocol error, refused before it is parsed. */
 int cos_envelope_parse(const char *op, const cos_meta *meta, const char *body, size_t len,
-                       const char *secret, cos_err *err, json_t **data);
+                       int to_python, const char *secret, cos_err *err, json_t **data);
 
 /* Fill err for a response whose status is not 2xx. */
 void cos_error_from_response(const char *op, const cos_meta *meta, const char *body, size_t len,

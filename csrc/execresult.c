@@ -3,7 +3,6 @@
 #include "module.h"
 
 #include <stddef.h>
-#include <structmember.h>
 
 typedef struct {
     PyObject_HEAD
@@ -19,24 +18,26 @@ typedef struct {
     PyObject *timed_out;
 } ExecResultObject;
 
-#define ER_FIELDS(X)                                                                              \
-    X(stdout_, "stdout")                                                                          \
-    X(stderr_, "stderr")                                                                          \
-    X(exit_code, "exit_code")                                                                     \
-    X(error, "error")                                                                             \
-    X(exec_ms, "exec_ms")                                                                         \
-    X(stdout_truncated, "stdout_truncated")                                                       \
-    X(stderr_truncated, "stderr_truncated")                                                       \
-    X(streamed, "streamed")                                                                       \
-    X(sandbox_id, "sandbox_id")                                                                   \
+#define ER_FIELDS(X)                                                                               \
+    X(stdout_, "stdout")                                                                           \
+    X(stderr_, "stderr")                                                                           \
+    X(exit_code, "exit_code")                                                                      \
+    X(error, "error")                                                                              \
+    X(exec_ms, "exec_ms")                                                                          \
+    X(stdout_truncated, "stdout_truncated")                                                        \
+    X(stderr_truncated, "stderr_truncated")                                                        \
+    X(streamed, "streamed")                                                                        \
+    X(sandbox_id, "sandbox_id")                                                                    \
     X(timed_out, "timed_out")
 
+/* clang-format off: one member per field, from the list above */
 static PyMemberDef er_members[] = {
-#define X(field, name) {name, T_OBJECT, offsetof(ExecResultObject, field), READONLY, NULL},
+#define X(field, name) {name, Py_T_OBJECT_EX, offsetof(ExecResultObject, field), Py_READONLY, NULL},
     ER_FIELDS(X)
 #undef X
-    {NULL, 0, 0, 0, NULL},
+        {NULL, 0, 0, 0, NULL},
 };
+/* clang-format on */
 
 /* error, exec_ms and sandbox_id may be any object when built from Python:
  * the type takes part in garbage collection. */
@@ -69,8 +70,9 @@ static void er_dealloc(ExecResultObject *self)
 /* ExecResult(**fields): also constructible from Python, for tests and fakes. */
 static PyObject *er_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"stdout", "stderr", "exit_code", "error", "exec_ms", "stdout_truncated",
-                         "stderr_truncated", "streamed", "sandbox_id", "timed_out", NULL};
+    static char *kw[] = {
+        "stdout",           "stderr",   "exit_code",  "error",     "exec_ms", "stdout_truncated",
+        "stderr_truncated", "streamed", "sandbox_id", "timed_out", NULL};
     PyObject *so = NULL, *se = NULL, *error = Py_None, *exec_ms = Py_None, *sid = Py_None;
     int exit_code = -1, sot = 0, set = 0, streamed = 0, timed_out = 0;
     ExecResultObject *self;
@@ -138,15 +140,16 @@ PyObject *cos_make_result(cos_state *st, cos_exec_out *x, const char *sandbox_id
     ExecResultObject *r = (ExecResultObject *)st->ExecResultType->tp_alloc(st->ExecResultType, 0);
     if (r == NULL)
         return NULL;
-    r->stdout_ = cos_decode(x->out[0].data, x->out[0].len);
-    r->stderr_ = cos_decode(x->out[1].data, x->out[1].len);
+    r->stdout_ = cos_decode(x->out[0].buf.data, x->out[0].buf.len);
+    r->stderr_ = cos_decode(x->out[1].buf.data, x->out[1].buf.len);
     r->exit_code = PyLong_FromLongLong(x->has_exit ? x->exit_code : -1);
-    r->error = x->error ? cos_decode(x->error, x->error_len) : Py_NewRef(Py_None);
+    r->error = x->error.len ? cos_decode(x->error.data, x->error.len) : Py_NewRef(Py_None);
     r->exec_ms = x->has_exec_ms ? PyFloat_FromDouble(x->exec_ms) : Py_NewRef(Py_None);
     r->stdout_truncated = PyBool_FromLong(x->out[0].truncated);
     r->stderr_truncated = PyBool_FromLong(x->out[1].truncated);
     r->streamed = PyBool_FromLong(x->streamed);
-    r->sandbox_id = sandbox_id && sandbox_id[0] ? cos_decode(sandbox_id, strlen(sandbox_id)) : Py_NewRef(Py_None);
+    r->sandbox_id = sandbox_id && sandbox_id[0] ? cos_decode(sandbox_id, strlen(sandbox_id))
+                                                : Py_NewRef(Py_None);
     r->timed_out = PyBool_FromLong(x->timed_out);
     if (!r->stdout_ || !r->stderr_ || !r->exit_code || !r->error || !r->exec_ms || !r->sandbox_id) {
         Py_DECREF(r);
@@ -158,7 +161,8 @@ PyObject *cos_make_result(cos_state *st, cos_exec_out *x, const char *sandbox_id
 int cos_execresult_add_type(PyObject *module, cos_state *st)
 {
     st->ExecResultType = (PyTypeObject *)PyType_FromModuleAndSpec(module, &er_spec, NULL);
-    if (st->ExecResultType == NULL || PyModule_AddObjectRef(module, "ExecResult", (PyObject *)st->ExecResultType) < 0)
+    if (st->ExecResultType == NULL ||
+        PyModule_AddObjectRef(module, "ExecResult", (PyObject *)st->ExecResultType) < 0)
         return -1;
     return 0;
 }

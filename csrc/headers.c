@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 /* A NUL-terminated copy of v[0..n), trimmed, cut to cap - 1 bytes. */
@@ -22,20 +21,32 @@ static void set_header_value(char *dst, size_t cap, const char *v, size_t n)
     dst[n] = '\0';
 }
 
+/* Seconds as "digits[.digits]" below 1e9; -1 for anything else. A parse of our
+ * own: strtod follows the locale's decimal point. */
+static double parse_seconds(const char *s)
+{
+    double v = 0, scale = 1;
+    int digits = 0;
+    for (; *s >= '0' && *s <= '9'; s++, digits++)
+        if ((v = v * 10 + (*s - '0')) >= 1e9)
+            return -1;
+    if (*s == '.')
+        for (s++; *s >= '0' && *s <= '9'; s++, digits++)
+            v += (*s - '0') * (scale /= 10);
+    return digits > 0 && *s == '\0' ? v : -1;
+}
+
 /* Retry-After: delta-seconds or an HTTP date. */
 static void parse_retry_after(cos_meta *m, const char *v, size_t n)
 {
     char tmp[128];
-    char *end;
     double secs;
     time_t when;
 
     set_header_value(tmp, sizeof tmp, v, n);
     if (tmp[0] == '\0')
         return;
-    errno = 0;
-    secs = strtod(tmp, &end);
-    if (end != tmp && *end == '\0' && errno == 0 && secs >= 0 && secs < 1e9) {
+    if ((secs = parse_seconds(tmp)) >= 0) {
         m->retry_after = secs;
         m->has_retry_after = 1;
         return;
@@ -51,7 +62,7 @@ static void parse_retry_after(cos_meta *m, const char *v, size_t n)
 static int header_is(const char *line, size_t n, const char *name, const char **value, size_t *vlen)
 {
     size_t k = strlen(name);
-    if (n <= k || line[k] != ':' || strncasecmp(line, name, k) != 0)
+    if (n <= k || line[k] != ':' || !cos_ascii_caseeq(line, name, k))
         return 0;
     *value = line + k + 1;
     *vlen = n - k - 1;

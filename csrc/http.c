@@ -2,7 +2,6 @@
 
 #include "headers.h"
 
-#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +14,7 @@ char *cos_escape(const char *s)
         return NULL;
     for (i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (isalnum(c) || c == '-' || c == '_' || c == '~') {
+        if (cos_ascii_alnum(c) || c == '-' || c == '_' || c == '~') {
             out[o++] = (char)c;
         } else {
             /* '.' too: ".." must never become a dot segment */
@@ -40,6 +39,10 @@ static size_t header_cb(char *line, size_t size, size_t nitems, void *ud)
     unsigned long long length = 0;
 
     switch (cos_header_line(&r->meta, line, n, &length)) {
+    case COS_HDR_STATUS:
+        /* a new response (after a 1xx, say): what the last one said no longer holds */
+        atomic_store(&r->stream_started, 0);
+        break;
     case COS_HDR_CONTENT_LENGTH:
         if (r->mode == COS_RESP_DOWNLOAD && is_2xx(r->meta.status) &&
             length > (unsigned long long)r->body_cap) {
@@ -135,7 +138,8 @@ static int seek_cb(void *ud, curl_off_t offset, int origin)
     if (r->abandoned) {
         rc = CURL_SEEKFUNC_FAIL;
     } else if (r->upload != NULL) {
-        rc = fseeko(r->upload, (off_t)offset, SEEK_SET) == 0 ? CURL_SEEKFUNC_OK : CURL_SEEKFUNC_FAIL;
+        rc =
+            fseeko(r->upload, (off_t)offset, SEEK_SET) == 0 ? CURL_SEEKFUNC_OK : CURL_SEEKFUNC_FAIL;
     } else {
         r->upload_pos = offset;
         rc = CURL_SEEKFUNC_OK;
@@ -204,13 +208,105 @@ static void free_headers(struct curl_slist *list)
     curl_slist_free_all(list);
 }
 
+/* The request's header lines: the key, what it accepts and what it sends.
+ * -1 on ENOMEM (the lines made so far are freed with the request). */
+static int build_headers(cos_req *r, const cos_cfg *cfg, const cos_req_spec *spec)
+{
+    /* "Content-Type:" without a value stops libcurl adding a form type */
+    if (add_header(&r->headers, "X-Api-Key", cfg->key) < 0 ||
+        add_header(&r->headers, "Accept", spec->accept ? spec->accept : "application/json") < 0 ||
+        (spec->content_type ? add_header(&r->headers, "Content-Type", spec->content_type)
+                            : add_line(&r->headers, "Content-Type:")) < 0 ||
+        add_line(&r->headers, "Expect:") < 0)
+        return -1;
+    return 0;
+}
+
+/* What every request shares: protocols, TLS, proxies, deadlines, callbacks. */
+static CURLcode set_transport(CURL *easy, cos_req *r, const cos_cfg *cfg, CURLSH *share,
+                              long timeout_ms)
+{
+    CURLcode c = CURLE_OK;
+    c |= curl_easy_setopt(easy, CURLOPT_URL, r->url);
+    c |= curl_easy_setopt(easy, CURLOPT_PRIVATE, r);
+    c |= curl_easy_setopt(easy, CURLOPT_HTTPHEADER, r->headers);
+    c |= curl_easy_setopt(easy, CURLOPT_USERAGENT, cfg->user_agent);
+    c |= curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+#if COS_HAVE_PROTOCOLS_STR
+    c |= curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
+#else
+    c |= curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
+#endif
+    c |= curl_easy_setopt(easy, CURLOPT_PATH_AS_IS, 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms > 0 ? timeout_ms : 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, cfg->connect_ms);
+    c |= curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
+    c |= curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
+    /* The key never crosses a proxy in clear: plain http (loopback only) goes
+     * direct whatever http_proxy/ALL_PROXY say (the empty string disables the
+     * environment's proxies). https honours them: CONNECT keeps TLS end to end. */
+    if (cfg->plain_http)
+        c |= curl_easy_setopt(easy, CURLOPT_PROXY, "");
+    /* an HTTPS proxy's "200 Connection established" is not the control plane's
+     * answer: its headers never reach header_cb (7.54), so they can neither start a
+     * stream nor fill the response's status, request id or Retry-After */
+    c |= curl_easy_setopt(easy, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
+#if COS_HAVE_QUICK_EXIT
+    /* a stuck resolver thread is abandoned, not joined: the I/O thread never
+     * waits for getaddrinfo past a deadline or a cancel (older libcurl joins it:
+     * each call still ends at its deadline through the caller's backstop, but
+     * the I/O thread, and so the client's other calls and close(), wait) */
+    c |= curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
+#endif
+    c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
+    c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
+    if (cfg->ca_file != NULL)
+        c |= curl_easy_setopt(easy, CURLOPT_CAINFO, cfg->ca_file);
+    if (share != NULL)
+        c |= curl_easy_setopt(easy, CURLOPT_SHARE, share);
+    c |= curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, r->errbuf);
+    c |= curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, header_cb);
+    c |= curl_easy_setopt(easy, CURLOPT_HEADERDATA, r);
+    c |= curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, write_cb);
+    c |= curl_easy_setopt(easy, CURLOPT_WRITEDATA, r);
+    c |= curl_easy_setopt(easy, CURLOPT_NOPROGRESS, 0L);
+    c |= curl_easy_setopt(easy, CURLOPT_XFERINFOFUNCTION, xferinfo_cb);
+    c |= curl_easy_setopt(easy, CURLOPT_XFERINFODATA, r);
+    return c;
+}
+
+/* The method, and the body it sends: a PUT streamed from the caller's file or
+ * memory (through read_cb), or a copy (nothing sent is the caller's memory). */
+static CURLcode set_method(CURL *easy, cos_req *r, const cos_req_spec *spec)
+{
+    CURLcode c = CURLE_OK;
+    if (spec->upload != NULL || spec->upload_mem != NULL) {
+        c |= curl_easy_setopt(easy, CURLOPT_UPLOAD, 1L);
+        c |= curl_easy_setopt(easy, CURLOPT_READFUNCTION, read_cb);
+        c |= curl_easy_setopt(easy, CURLOPT_READDATA, r);
+        c |= curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, seek_cb);
+        c |= curl_easy_setopt(easy, CURLOPT_SEEKDATA, r);
+        c |= curl_easy_setopt(easy, CURLOPT_INFILESIZE_LARGE, spec->upload_size);
+        c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
+    } else if (strcmp(spec->method, "GET") == 0) {
+        c |= curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+    } else if (strcmp(spec->method, "DELETE") == 0 && spec->body == NULL) {
+        c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "DELETE");
+    } else {
+        c |= curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
+        c |= curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, spec->body ? spec->body : "");
+        c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
+    }
+    return c;
+}
+
 cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_req_spec *spec,
                      cos_err *err)
 {
     cos_req *r = calloc(1, sizeof *r);
     pthread_condattr_t ca;
-    CURLcode c = CURLE_OK;
-    int ok = 0;
 
     if (r == NULL)
         goto nomem;
@@ -230,89 +326,19 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
     pthread_condattr_destroy(&ca);
     if (r->mode == COS_RESP_STREAM)
         cos_ndjson_init(&r->nd, COS_NDJSON_MAX_LINE, frame_cb, r->xo);
-    if ((r->url = strdup(spec->url)) == NULL)
+    if ((r->url = strdup(spec->url)) == NULL || build_headers(r, cfg, spec) < 0)
         goto nomem;
-
-    /* "Content-Type:" without a value stops libcurl adding a form type */
-    if (add_header(&r->headers, "X-Api-Key", cfg->key) < 0 ||
-        add_header(&r->headers, "Accept", spec->accept ? spec->accept : "application/json") < 0 ||
-        (spec->content_type ? add_header(&r->headers, "Content-Type", spec->content_type)
-                            : add_line(&r->headers, "Content-Type:")) < 0 ||
-        add_line(&r->headers, "Expect:") < 0)
-        goto nomem;
-
-    c |= curl_easy_setopt(easy, CURLOPT_URL, r->url);
-    c |= curl_easy_setopt(easy, CURLOPT_PRIVATE, r);
-    c |= curl_easy_setopt(easy, CURLOPT_HTTPHEADER, r->headers);
-    c |= curl_easy_setopt(easy, CURLOPT_USERAGENT, cfg->user_agent);
-    c |= curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-    c |= curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-#if LIBCURL_VERSION_NUM >= 0x075500
-    c |= curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
-#else
-    c |= curl_easy_setopt(easy, CURLOPT_PROTOCOLS, (long)(CURLPROTO_HTTP | CURLPROTO_HTTPS));
-#endif
-    c |= curl_easy_setopt(easy, CURLOPT_PATH_AS_IS, 1L);
-    c |= curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, spec->timeout_ms > 0 ? spec->timeout_ms : 1L);
-    c |= curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, cfg->connect_ms);
-    c |= curl_easy_setopt(easy, CURLOPT_HTTP_VERSION, (long)CURL_HTTP_VERSION_2TLS);
-    c |= curl_easy_setopt(easy, CURLOPT_PIPEWAIT, 1L);
-    c |= curl_easy_setopt(easy, CURLOPT_TCP_KEEPALIVE, 1L);
-    /* The key never crosses a proxy in clear: plain http (loopback only) goes
-     * direct whatever http_proxy/ALL_PROXY say (the empty string disables the
-     * environment's proxies). https honours them: CONNECT keeps TLS end to end. */
-    if (cfg->plain_http)
-        c |= curl_easy_setopt(easy, CURLOPT_PROXY, "");
-    /* a stuck resolver thread is abandoned, not joined: the I/O thread never
-     * waits for getaddrinfo past a deadline or a cancel */
-    c |= curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
-    c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
-    c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-    if (cfg->ca_file != NULL)
-        c |= curl_easy_setopt(easy, CURLOPT_CAINFO, cfg->ca_file);
-    if (share != NULL)
-        c |= curl_easy_setopt(easy, CURLOPT_SHARE, share);
-    c |= curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, r->errbuf);
-    c |= curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, header_cb);
-    c |= curl_easy_setopt(easy, CURLOPT_HEADERDATA, r);
-    c |= curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, write_cb);
-    c |= curl_easy_setopt(easy, CURLOPT_WRITEDATA, r);
-    c |= curl_easy_setopt(easy, CURLOPT_NOPROGRESS, 0L);
-    c |= curl_easy_setopt(easy, CURLOPT_XFERINFOFUNCTION, xferinfo_cb);
-    c |= curl_easy_setopt(easy, CURLOPT_XFERINFODATA, r);
-
-    if (spec->upload != NULL || spec->upload_mem != NULL) {
-        c |= curl_easy_setopt(easy, CURLOPT_UPLOAD, 1L);
-        c |= curl_easy_setopt(easy, CURLOPT_READFUNCTION, read_cb);
-        c |= curl_easy_setopt(easy, CURLOPT_READDATA, r);
-        c |= curl_easy_setopt(easy, CURLOPT_SEEKFUNCTION, seek_cb);
-        c |= curl_easy_setopt(easy, CURLOPT_SEEKDATA, r);
-        c |= curl_easy_setopt(easy, CURLOPT_INFILESIZE_LARGE, spec->upload_size);
-        c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
-    } else if (strcmp(spec->method, "GET") == 0) {
-        c |= curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
-    } else if (strcmp(spec->method, "DELETE") == 0 && spec->body == NULL) {
-        c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, "DELETE");
-    } else {
-        /* copied: nothing the request sends is the caller's memory */
-        c |= curl_easy_setopt(easy, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)spec->body_len);
-        c |= curl_easy_setopt(easy, CURLOPT_COPYPOSTFIELDS, spec->body ? spec->body : "");
-        c |= curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, spec->method);
-    }
-    if (c != CURLE_OK) {
+    if (set_transport(easy, r, cfg, share, spec->timeout_ms) != CURLE_OK ||
+        set_method(easy, r, spec) != CURLE_OK) {
         cos_err_set(err, COS_E_CONFIG, "could not configure the request (libcurl option refused)");
         goto error;
     }
-    ok = 1;
-    goto error;
+    return r;
 nomem:
     cos_err_set(err, COS_E_NOMEM, "out of memory");
 error:
-    if (!ok && r != NULL) {
-        cos_req_free(r);
-        r = NULL;
-    }
-    return r;
+    cos_req_free(r);
+    return NULL;
 }
 
 CURL *cos_req_free(cos_req *r)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "common.h"
+#include "compat.h"
 #include "ndjson.h"
 
 typedef struct cos_cfg {
@@ -36,14 +37,14 @@ typedef struct cos_req_spec {
     const char *body; /* copied into the request */
     size_t body_len;
     const char *content_type;
-    FILE *upload; /* streamed PUT body instead of `body` */
+    FILE *upload;           /* streamed PUT body instead of `body` */
     const char *upload_mem; /* or a PUT body read from memory (borrowed) */
     curl_off_t upload_size;
     const char *accept;
     cos_resp_mode mode;
     size_t body_cap;
-    long timeout_ms; /* the whole deadline of this request */
-    cos_exec_out *xo; /* COS_RESP_STREAM only */
+    long timeout_ms;   /* the whole deadline of this request */
+    cos_exec_out *xo;  /* COS_RESP_STREAM only */
     int notify_output; /* wake the owner as output arrives (someone delivers it live) */
 } cos_req_spec;
 
@@ -80,8 +81,10 @@ struct cos_req {
     pthread_cond_t cv;
     int done, progress, orphaned, cancelled;
     int abandoned; /* orphaned by an owner that gave up waiting after a cancel */
+    int gave_up;   /* cancelled by its owner's backstop (deadline), not by close() */
     atomic_int cancel;
-    atomic_int stream_started; /* a 2xx status line arrived on a stream */
+    atomic_int
+        stream_started; /* the control plane's 2xx headers arrived on a stream (never a proxy's) */
 
     /* background completion (orphaned requests): runs on the I/O thread */
     cos_req_done_fn on_orphan_done;

@@ -41,15 +41,31 @@ PyObject *cos_raise(cos_state *st, const cos_err *err)
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, "native call interrupted");
         return NULL;
-    case COS_E_CONFIG: type = st->ConfigError; break;
-    case COS_E_NOTFOUND: type = st->NotFoundError; break;
-    case COS_E_CONFLICT: type = st->ConflictError; break;
-    case COS_E_TRANSIENT: type = st->TransientError; break;
-    case COS_E_DEADLINE: type = st->DeadlineError; break;
-    case COS_E_PROTOCOL: type = st->ProtocolError; break;
+    case COS_E_CONFIG:
+        type = st->ConfigError;
+        break;
+    case COS_E_NOTFOUND:
+        type = st->NotFoundError;
+        break;
+    case COS_E_CONFLICT:
+        type = st->ConflictError;
+        break;
+    case COS_E_TRANSIENT:
+        type = st->TransientError;
+        break;
+    case COS_E_DEADLINE:
+        type = st->DeadlineError;
+        break;
+    case COS_E_PROTOCOL:
+        type = st->ProtocolError;
+        break;
     case COS_E_UNAVAILABLE:
-    case COS_E_CLOSED: type = st->UnavailableError; break;
-    default: type = st->CreateOSError; break;
+    case COS_E_CLOSED:
+        type = st->UnavailableError;
+        break;
+    default:
+        type = st->CreateOSError;
+        break;
     }
     msg = PyUnicode_DecodeUTF8(err->msg, (Py_ssize_t)strlen(err->msg), "replace");
     if (msg == NULL)
@@ -57,20 +73,22 @@ PyObject *cos_raise(cos_state *st, const cos_err *err)
     exc = PyObject_CallOneArg(type, msg);
     if (exc == NULL)
         goto error;
-#define SET(name, value)                                                                          \
-    do {                                                                                          \
-        v = (value);                                                                              \
-        if (v == NULL || PyObject_SetAttrString(exc, name, v) < 0) {                              \
-            Py_XDECREF(v);                                                                        \
-            goto error;                                                                           \
-        }                                                                                         \
-        Py_DECREF(v);                                                                             \
+#define SET(name, value)                                                                           \
+    do {                                                                                           \
+        v = (value);                                                                               \
+        if (v == NULL || PyObject_SetAttrString(exc, name, v) < 0) {                               \
+            Py_XDECREF(v);                                                                         \
+            goto error;                                                                            \
+        }                                                                                          \
+        Py_DECREF(v);                                                                              \
     } while (0)
-#define OPT_STR(s) ((s)[0] ? PyUnicode_DecodeUTF8((s), (Py_ssize_t)strlen(s), "replace") : Py_NewRef(Py_None))
+#define OPT_STR(s)                                                                                 \
+    ((s)[0] ? PyUnicode_DecodeUTF8((s), (Py_ssize_t)strlen(s), "replace") : Py_NewRef(Py_None))
     SET("status", err->status > 0 ? PyLong_FromLong(err->status) : Py_NewRef(Py_None));
     SET("request_id", OPT_STR(err->request_id));
     SET("transient", PyBool_FromLong(cos_kind_is_transient(err->kind)));
-    SET("retry_after", err->has_retry_after ? PyFloat_FromDouble(err->retry_after) : Py_NewRef(Py_None));
+    SET("retry_after",
+        err->has_retry_after ? PyFloat_FromDouble(err->retry_after) : Py_NewRef(Py_None));
     SET("code", OPT_STR(err->code));
     SET("sandbox_id", OPT_STR(err->sandbox_id));
 #undef SET
@@ -91,12 +109,11 @@ static PyObject *after_fork_child(PyObject *module, PyObject *unused)
         Py_RETURN_NONE;
     n = PyList_GET_SIZE(st->clients);
     for (i = 0; i < n; i++) {
-        PyObject *obj = PyWeakref_GetObject(PyList_GET_ITEM(st->clients, i));
-        if (obj != NULL && obj != Py_None) {
-            Py_INCREF(obj);
+        /* calling a weakref gives a new reference to its object, or None */
+        PyObject *obj = PyObject_CallNoArgs(PyList_GET_ITEM(st->clients, i));
+        if (obj != NULL && obj != Py_None)
             cos_client_after_fork(obj);
-            Py_DECREF(obj);
-        }
+        Py_XDECREF(obj);
     }
     PyErr_Clear();
     Py_RETURN_NONE;
@@ -172,7 +189,8 @@ static int register_fork_hook(PyObject *module)
         goto error;
     }
     if ((hook = PyObject_GetAttrString(module, "_after_fork_child")) == NULL ||
-        (args = PyTuple_New(0)) == NULL || (kwargs = Py_BuildValue("{s:O}", "after_in_child", hook)) == NULL ||
+        (args = PyTuple_New(0)) == NULL ||
+        (kwargs = Py_BuildValue("{s:O}", "after_in_child", hook)) == NULL ||
         (res = PyObject_Call(reg, args, kwargs)) == NULL)
         goto error;
     rc = 0;
@@ -186,6 +204,39 @@ error:
     return rc;
 }
 
+/* What the headers the module was built with allow (compat.h), by name. */
+static int add_build_features(PyObject *module)
+{
+    static const struct {
+        const char *name;
+        int have;
+    } features[] = {
+        {"quick_exit", COS_HAVE_QUICK_EXIT},
+        {"json_keys_with_nul", COS_HAVE_JSON_KEYLEN},
+    };
+    PyObject *set = PyFrozenSet_New(NULL), *name;
+    size_t i;
+    int rc = -1;
+
+    if (set == NULL)
+        goto done;
+    for (i = 0; i < sizeof features / sizeof features[0]; i++) {
+        int added;
+        if (!features[i].have)
+            continue;
+        if ((name = PyUnicode_FromString(features[i].name)) == NULL)
+            goto done;
+        added = PySet_Add(set, name); /* allowed on a frozenset nobody else has seen */
+        Py_DECREF(name);
+        if (added < 0)
+            goto done;
+    }
+    rc = PyModule_AddObjectRef(module, "build_features", set);
+done:
+    Py_XDECREF(set);
+    return rc;
+}
+
 static int module_exec(PyObject *module)
 {
     cos_state *st = get_state(module);
@@ -193,17 +244,19 @@ static int module_exec(PyObject *module)
 
     if (check_curl() < 0)
         return -1;
-#define EXC(field, name, doc, base, transient)                                                    \
+#define EXC(field, name, doc, base, transient)                                                     \
     if ((st->field = new_exception(module, name, doc, base, transient)) == NULL)                   \
         return -1;
     EXC(CreateOSError, "CreateOSError", "Base of every error the native client raises.",
         PyExc_Exception, 0);
     EXC(UnavailableError, "UnavailableError",
         "Not retryable: non-429 4xx, or a refused configuration.", st->CreateOSError, 0);
-    EXC(ConfigError, "ConfigError", "Refused before any request was sent.", st->UnavailableError, 0);
+    EXC(ConfigError, "ConfigError", "Refused before any request was sent.", st->UnavailableError,
+        0);
     EXC(NotFoundError, "NotFoundError", "HTTP 404.", st->UnavailableError, 0);
     EXC(ConflictError, "ConflictError", "HTTP 409.", st->UnavailableError, 0);
-    EXC(TransientError, "TransientError", "429, 5xx, or a transport failure.", st->CreateOSError, 1);
+    EXC(TransientError, "TransientError", "429, 5xx, or a transport failure.", st->CreateOSError,
+        1);
     EXC(DeadlineError, "DeadlineError", "The call's whole deadline passed.", st->TransientError, 1);
     EXC(ProtocolError, "ProtocolError", "The server's answer is not the documented protocol.",
         st->CreateOSError, 0);
@@ -214,9 +267,14 @@ static int module_exec(PyObject *module)
         return -1;
     snprintf(jv, sizeof jv, "%s", jansson_version_str());
     if (PyModule_AddStringConstant(module, "__version__", MODULE_VERSION) < 0 ||
-        PyModule_AddStringConstant(module, "curl_version", curl_version_info(CURLVERSION_NOW)->version) < 0 ||
+        PyModule_AddStringConstant(module, "curl_version",
+                                   curl_version_info(CURLVERSION_NOW)->version) < 0 ||
         PyModule_AddStringConstant(module, "jansson_version", jv) < 0 ||
-        PyModule_AddIntConstant(module, "DEFAULT_MAX_OUTPUT_BYTES", (long)COS_DEFAULT_MAX_OUTPUT) < 0 ||
+        PyModule_AddStringConstant(module, "build_curl_version", LIBCURL_VERSION) < 0 ||
+        PyModule_AddStringConstant(module, "build_jansson_version", JANSSON_VERSION) < 0 ||
+        add_build_features(module) < 0 ||
+        PyModule_AddIntConstant(module, "DEFAULT_MAX_OUTPUT_BYTES", (long)COS_DEFAULT_MAX_OUTPUT) <
+            0 ||
         PyModule_AddIntConstant(module, "MAX_OUTPUT_BYTES_LIMIT", (long)COS_MAX_OUTPUT_LIMIT) < 0)
         return -1;
     return register_fork_hook(module);

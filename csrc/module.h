@@ -7,9 +7,19 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#if PY_VERSION_HEX < 0x030C0000
+/* Python 3.12 names member types Py_T_* in Python.h and deprecates
+ * structmember.h (T_OBJECT and friends); 3.10 and 3.11 have the old names only */
+#include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define Py_T_PYSSIZET T_PYSSIZET
+#define Py_READONLY READONLY
+#endif
+
 #include <jansson.h>
 
 #include "common.h"
+#include "compat.h"
 
 typedef struct {
     PyObject *CreateOSError;

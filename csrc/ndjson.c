@@ -1,6 +1,8 @@
 #include "ndjson.h"
 
 #include <jansson.h>
+
+#include "jsonload.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,16 +10,14 @@
 void cos_ndjson_init(cos_ndjson *p, size_t max_line, cos_frame_fn fn, void *ud)
 {
     memset(p, 0, sizeof *p);
-    p->max_line = max_line ? max_line : COS_NDJSON_MAX_LINE;
+    p->line.max = max_line ? max_line : COS_NDJSON_MAX_LINE;
     p->fn = fn;
     p->ud = ud;
 }
 
 void cos_ndjson_free(cos_ndjson *p)
 {
-    free(p->line);
-    p->line = NULL;
-    p->len = p->cap = 0;
+    cos_buf_free(&p->line);
 }
 
 static int fail(cos_ndjson *p, const char *msg)
@@ -43,7 +43,7 @@ static int handle_line(cos_ndjson *p, const char *s, size_t n)
 {
     json_t *frame, *hb, *so, *se, *er, *ec;
     json_error_t jerr;
-    int rc = COS_ND_OK;
+    int rc = COS_ND_OK, refused = 0;
 
     if (n > 0 && s[n - 1] == '\r')
         n--;
@@ -67,9 +67,10 @@ static int handle_line(cos_ndjson *p, const char *s, size_t n)
     if (n == 0)
         return COS_ND_OK;
 
-    frame = json_loadb(s, n, JSON_ALLOW_NUL, &jerr);
+    frame = cos_json_load(s, n, JSON_ALLOW_NUL, 0, &jerr, &refused);
     if (frame == NULL)
-        return fail(p, "stream line is not JSON");
+        return fail(p, refused ? "stream line too complex to parse within memory bounds"
+                               : "stream line is not JSON");
     if (!json_is_object(frame)) {
         rc = fail(p, "stream line is not a JSON object");
         goto done;
@@ -108,24 +109,9 @@ done:
 
 static int buffer_piece(cos_ndjson *p, const char *data, size_t n)
 {
-    if (n > p->max_line - p->len)
+    if (n > p->line.max - p->line.len)
         return fail(p, "stream line longer than the limit");
-    if (p->len + n > p->cap) {
-        size_t cap = p->cap ? p->cap : 4096;
-        char *q;
-        while (cap < p->len + n)
-            cap *= 2;
-        if (cap > p->max_line)
-            cap = p->max_line;
-        q = realloc(p->line, cap);
-        if (q == NULL)
-            return COS_ND_NOMEM;
-        p->line = q;
-        p->cap = cap;
-    }
-    memcpy(p->line + p->len, data, n);
-    p->len += n;
-    return COS_ND_OK;
+    return cos_buf_append(&p->line, data, n) < 0 ? COS_ND_NOMEM : COS_ND_OK;
 }
 
 int cos_ndjson_feed(cos_ndjson *p, const char *data, size_t n)
@@ -138,16 +124,16 @@ int cos_ndjson_feed(cos_ndjson *p, const char *data, size_t n)
         size_t piece = nl ? (size_t)(nl - data) : n;
         if (nl == NULL)
             return buffer_piece(p, data, piece);
-        if (p->len == 0) {
+        if (p->line.len == 0) {
             /* the whole line is in this chunk: parse it in place */
-            if (piece > p->max_line)
+            if (piece > p->line.max)
                 return fail(p, "stream line longer than the limit");
             rc = handle_line(p, data, piece);
         } else {
             if ((rc = buffer_piece(p, data, piece)) != COS_ND_OK)
                 return rc;
-            rc = handle_line(p, p->line, p->len);
-            p->len = 0;
+            rc = handle_line(p, p->line.data, p->line.len);
+            p->line.len = 0;
         }
         if (rc != COS_ND_OK)
             return rc;
@@ -162,9 +148,9 @@ int cos_ndjson_finish(cos_ndjson *p)
     int rc;
     if (p->failed)
         return COS_ND_PROTOCOL;
-    if (p->len == 0)
+    if (p->line.len == 0)
         return COS_ND_OK;
-    rc = handle_line(p, p->line, p->len);
-    p->len = 0;
+    rc = handle_line(p, p->line.data, p->line.len);
+    p->line.len = 0;
     return rc;
 }

@@ -5,6 +5,8 @@
 
 #include <stddef.h>
 
+#include "common.h"
+
 #define COS_NDJSON_MAX_LINE ((size_t)16 << 20)
 
 typedef enum {
@@ -20,8 +22,7 @@ typedef int (*cos_frame_fn)(void *ud, cos_frame_kind kind, const char *data, siz
                             long long exit_code);
 
 typedef struct cos_ndjson {
-    char *line;
-    size_t len, cap, max_line;
+    cos_buf line; /* a line cut across chunks; line.max is the longest line accepted */
     size_t frames, heartbeats;
     int failed; /* sticky: once a protocol error is seen, nothing more is parsed */
     char errmsg[160];

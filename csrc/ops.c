@@ -4,7 +4,6 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 #define PAGE_LIMIT 500
@@ -20,7 +19,7 @@ static int is_loopback(const char *host)
     struct in_addr a4;
     struct in6_addr a6;
 
-    if (strcasecmp(host, "localhost") == 0 || strcasecmp(host, "localhost.") == 0)
+    if ((n == 9 || (n == 10 && host[9] == '.')) && cos_ascii_caseeq(host, "localhost", 9))
         return 1;
     if (inet_pton(AF_INET, host, &a4) == 1)
         return (ntohl(a4.s_addr) >> 24) == 127;
@@ -48,8 +47,9 @@ int cos_check_base_url(const char *url, char **normalized, cos_err *err)
     }
     for (p = url; *p; p++) {
         if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7F) {
-            cos_err_set(err, COS_E_CONFIG,
-                        "CREATEOS_SANDBOX_BASE_URL contains whitespace, control or non-ASCII characters");
+            cos_err_set(
+                err, COS_E_CONFIG,
+                "CREATEOS_SANDBOX_BASE_URL contains whitespace, control or non-ASCII characters");
             goto done;
         }
     }
@@ -57,30 +57,35 @@ int cos_check_base_url(const char *url, char **normalized, cos_err *err)
         curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
         curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK) {
         cos_err_set(err, COS_E_CONFIG,
-                    "CREATEOS_SANDBOX_BASE_URL is not a valid absolute URL (expected https://host[:port][/prefix])");
+                    "CREATEOS_SANDBOX_BASE_URL is not a valid absolute URL (expected "
+                    "https://host[:port][/prefix])");
         goto done;
     }
     if (strcmp(scheme, "https") != 0 && strcmp(scheme, "http") != 0) {
-        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must use https:// (got %.16s://)", scheme);
+        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must use https:// (got %.16s://)",
+                    scheme);
         goto done;
     }
     if (curl_url_get(u, CURLUPART_USER, &part, 0) == CURLUE_OK ||
         curl_url_get(u, CURLUPART_PASSWORD, &part, 0) == CURLUE_OK ||
         curl_url_get(u, CURLUPART_OPTIONS, &part, 0) == CURLUE_OK) {
-        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must not contain user info (user:password@)");
+        cos_err_set(err, COS_E_CONFIG,
+                    "CREATEOS_SANDBOX_BASE_URL must not contain user info (user:password@)");
         goto done;
     }
     if (curl_url_get(u, CURLUPART_QUERY, &part, 0) == CURLUE_OK ||
         curl_url_get(u, CURLUPART_FRAGMENT, &part, 0) == CURLUE_OK || strchr(url, '?') ||
         strchr(url, '#')) {
-        cos_err_set(err, COS_E_CONFIG, "CREATEOS_SANDBOX_BASE_URL must not have a query or a fragment");
+        cos_err_set(err, COS_E_CONFIG,
+                    "CREATEOS_SANDBOX_BASE_URL must not have a query or a fragment");
         goto done;
     }
     if (strcmp(scheme, "http") == 0 && !is_loopback(host)) {
-        cos_err_set(err, COS_E_CONFIG,
-                    "CREATEOS_SANDBOX_BASE_URL uses plain http:// to a non-loopback host: the API key "
-                    "would travel unencrypted; use https:// (plain http is allowed only for "
-                    "127.0.0.0/8, ::1 and localhost)");
+        cos_err_set(
+            err, COS_E_CONFIG,
+            "CREATEOS_SANDBOX_BASE_URL uses plain http:// to a non-loopback host: the API key "
+            "would travel unencrypted; use https:// (plain http is allowed only for "
+            "127.0.0.0/8, ::1 and localhost)");
         goto done;
     }
     if (curl_url_get(u, CURLUPART_PORT, &port, 0) != CURLUE_OK)
@@ -177,54 +182,98 @@ static int slice(cos_ctx *c, cos_exec_out *xo)
     return c->aborted;
 }
 
+/* What a wait does with its request when the caller asks to stop (Ctrl-C, an
+ * exception from on_output) or when the backstop passes and the cancel does not
+ * settle in time. */
+typedef enum {
+    STOP_CANCEL, /* cancel it; if the I/O thread does not let go in time, abandon it */
+    STOP_DETACH, /* leave it to the engine, which finishes it as a background delete:
+                    counted by pending_deletes, reported by drain_deletes. Only for
+                    requests that borrow no caller memory (deletes). */
+} stop_policy;
+
 /* After a cancel: wait for the I/O thread to let go of the request, at most
- * COS_CANCEL_GRACE_MS and no longer once Ctrl-C arrives; then abandon it to the
- * engine (*rp becomes NULL: the engine frees it). 0 when it finished. */
-static int settle_cancelled(cos_ctx *c, cos_req **rp)
+ * COS_CANCEL_GRACE_MS and no longer once Ctrl-C arrives. 0 when it finished. */
+static int settle_cancelled(cos_ctx *c, cos_req *r)
 {
     double give_up = cos_now_ms() + COS_CANCEL_GRACE_MS;
     for (;;) {
-        if (cos_req_wait(*rp, COS_SLICE_MS))
+        if (cos_req_wait(r, COS_SLICE_MS))
             return 0;
         if (cos_now_ms() > give_up || (!c->aborted && slice(c, NULL)))
-            break;
+            return -1;
     }
-    if (cos_engine_abandon(c->eng, *rp))
+}
+
+/* Hand a request that is still running to the engine (*rp becomes NULL: the
+ * engine frees it). 0 when it had finished meanwhile (the caller still owns it). */
+static int let_go(cos_ctx *c, cos_req **rp, stop_policy how)
+{
+    if (how == STOP_DETACH) {
+        if (cos_engine_detach(c->eng, *rp))
+            return 0;
+        cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
+    } else if (cos_engine_abandon(c->eng, *rp)) {
         return 0;
+    }
     *rp = NULL;
     return -1;
 }
 
-/* Wait for the request to finish, in slices. The I/O thread enforces the
- * deadline through CURLOPT_TIMEOUT_MS (name resolution included: a stuck
- * resolver is abandoned, CURLOPT_QUICK_EXIT); the extra second here only
- * guards against a transfer that libcurl fails to stop, and the cancel it
- * sends is itself bounded by settle_cancelled. *rp is NULL on return when the
- * request was abandoned to the engine. */
-static int perform(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo)
+/* The one wait for a request: submit it and wait in slices. The I/O thread
+ * enforces the deadline through CURLOPT_TIMEOUT_MS (name resolution included:
+ * a stuck resolver is abandoned where libcurl can, see http.c); the extra
+ * second here only guards against a transfer that libcurl fails to stop (an
+ * I/O thread held in a system call, say), and the cancel it sends is bounded
+ * by settle_cancelled. Returns 0 when the request finished (the caller owns
+ * it). Else -1, with c->err set or c->aborted; *rp is NULL when the request was
+ * handed to the engine. */
+static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo, stop_policy how)
 {
     cos_req *r = *rp;
-    double hard_end = cos_now_ms() + (double)r->timeout_ms + 1000.0;
+    long timeout_ms = r->timeout_ms; /* r may be the engine's by the time it is reported */
+    double hard_end = cos_now_ms() + (double)timeout_ms + 1000.0;
+    int rc = -1;
+
     if (cos_engine_submit(c->eng, r, c->err) < 0)
-        return -1;
+        goto done;
     for (;;) {
-        if (cos_req_wait(r, COS_SLICE_MS))
+        if (cos_req_wait(r, COS_SLICE_MS)) {
+            rc = 0;
             break;
-        if (slice(c, xo) || cos_now_ms() > hard_end) {
-            long timeout_ms = r->timeout_ms;
+        }
+        if (slice(c, xo)) {
+            if (how == STOP_DETACH) {
+                rc = let_go(c, rp, how); /* the delete goes on without us */
+            } else {
+                cos_engine_cancel(c->eng, r);
+                if (settle_cancelled(c, r) < 0)
+                    let_go(c, rp, how);
+            }
+            break;
+        }
+        if (cos_now_ms() > hard_end) {
+            r->gave_up = 1;
             cos_engine_cancel(c->eng, r);
-            settle_cancelled(c, rp);
+            if (settle_cancelled(c, r) < 0)
+                let_go(c, rp, how);
             if (!c->aborted)
                 cos_err_set(c->err, COS_E_DEADLINE, "%s failed: deadline of %.1f s passed", op,
                             seconds(timeout_ms));
-            return -1;
+            break;
         }
     }
-    if (r->cancelled) {
+    if (rc == 0 && r->cancelled && !r->gave_up) {
         cos_err_set(c->err, COS_E_CLOSED, "%s failed: the client was closed", op);
-        return -1;
+        rc = -1;
     }
-    return 0;
+done:
+    return rc;
+}
+
+static int perform(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo)
+{
+    return perform_as(c, rp, op, xo, STOP_CANCEL);
 }
 
 /* The transfer did not complete: say why, in the error classes. */
@@ -257,9 +306,10 @@ static void transport_error(cos_ctx *c, cos_req *r, const char *op)
         (r->rc == CURLE_PARTIAL_FILE || r->rc == CURLE_RECV_ERROR || r->rc == CURLE_GOT_NOTHING ||
          r->rc == CURLE_HTTP2_STREAM || r->rc == CURLE_HTTP2)) {
         /* the answer started and broke off: not the documented protocol */
-        cos_err_set(err, COS_E_PROTOCOL,
-                    "%s failed: HTTP %ld: truncated response (connection closed after %lld bytes: %s)",
-                    op, r->meta.status, (long long)r->bytes_in, detail);
+        cos_err_set(
+            err, COS_E_PROTOCOL,
+            "%s failed: HTTP %ld: truncated response (connection closed after %lld bytes: %s)", op,
+            r->meta.status, (long long)r->bytes_in, detail);
         return;
     }
     switch (r->rc) {
@@ -335,7 +385,7 @@ static int json_call(cos_ctx *c, const char *op, const char *method, char *url, 
         transport_error(c, r, op);
         goto done;
     }
-    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err, data);
+    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, 1, c->cfg->key, c->err, data);
 done:
     if (r)
         cos_engine_release(c->eng, r);
@@ -443,7 +493,7 @@ static int all_pages(cos_ctx *c, const char *op, const char *path, const char *e
         }
         json_decref(data);
         count = json_array_size(items);
-        json_array_foreach(items, i, item) {
+        json_array_foreach (items, i, item) {
             if (row_kept(filter, item) && json_array_append(all, item) < 0) {
                 json_decref(items);
                 nomem(c, op);
@@ -487,6 +537,15 @@ int cos_op_list(cos_ctx *c, const char *prefix, const char *status, json_t **out
     return all_pages(c, "list", "/v1/sandboxes", query, "sandboxes", &filter, out);
 }
 
+static int has_control(const char *s, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || s[i] == 0x7F)
+            return 1;
+    return 0;
+}
+
 int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
 {
     json_t *id;
@@ -497,11 +556,17 @@ int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
     if (!json_is_string(id) || json_string_length(id) == 0 ||
         json_string_length(id) >= COS_ID_MAX) {
         cos_err_set(c->err, COS_E_PROTOCOL, "create failed: response has no sandbox id");
-        json_decref(*out);
-        *out = NULL;
-        return -1;
+    } else if (has_control(json_string_value(id), json_string_length(id))) {
+        /* "sb-1\u0000x" must never be cut into "sb-1", another sandbox's id */
+        cos_err_set(
+            c->err, COS_E_PROTOCOL,
+            "create failed: the sandbox id in the response holds a NUL or control character");
+    } else {
+        return 0;
     }
-    return 0;
+    json_decref(*out);
+    *out = NULL;
+    return -1;
 }
 
 int cos_op_get(cos_ctx *c, const char *id, json_t **out)
@@ -566,9 +631,12 @@ int cos_op_resume(cos_ctx *c, const char *id, long wait_ms, json_t **out)
             }
         }
         if (cos_now_ms() + delay > end) {
+            char state[COS_ID_MAX]; /* the server's word: sanitized like any server text */
+            cos_sanitize(state, sizeof state, s, json_is_string(st) ? json_string_length(st) : 0,
+                         c->cfg->key, 40);
             cos_err_set(c->err, COS_E_DEADLINE,
-                        "resume failed: sandbox not running after %.1f s (state \"%.40s\")",
-                        seconds(wait_ms), s);
+                        "resume failed: sandbox not running after %.1f s (state \"%s\")",
+                        seconds(wait_ms), state);
             cos_strlcpy(c->err->sandbox_id, id, sizeof c->err->sandbox_id);
             goto fail;
         }
@@ -612,9 +680,10 @@ static int egress_list(cos_ctx *c, const char *op, json_t **out)
     if (rules == NULL || json_is_null(rules)) {
         *out = json_array();
     } else if (json_is_array(rules)) {
-        json_array_foreach(rules, i, v) {
+        json_array_foreach (rules, i, v) {
             if (!json_is_string(v)) {
-                cos_err_set(c->err, COS_E_PROTOCOL, "%s failed: egress rule %zu is not a string", op, i);
+                cos_err_set(c->err, COS_E_PROTOCOL, "%s failed: egress rule %zu is not a string",
+                            op, i);
                 *out = NULL;
                 json_decref(view);
                 return -1;
@@ -633,8 +702,8 @@ static int egress_list(cos_ctx *c, const char *op, json_t **out)
 
 int cos_op_get_egress(cos_ctx *c, const char *id, json_t **out)
 {
-    if (object_call(c, "get_egress", "GET", sandbox_url(c, id, "/egress"), NULL,
-                    c->cfg->control_ms, out) < 0)
+    if (object_call(c, "get_egress", "GET", sandbox_url(c, id, "/egress"), NULL, c->cfg->control_ms,
+                    out) < 0)
         return -1;
     return egress_list(c, "get_egress", out);
 }
@@ -696,7 +765,7 @@ int cos_op_upload(cos_ctx *c, const char *id, const char *path, const char *data
         transport_error(c, r, op);
         goto done;
     }
-    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err, &out);
+    rc = cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, 0, c->cfg->key, c->err, &out);
 done:
     json_decref(out);
     if (r)
@@ -724,11 +793,13 @@ int cos_op_download(cos_ctx *c, const char *id, const char *path, size_t max_byt
     if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
     if (r->declared_over_cap || r->over_cap) {
-        cos_err_set(c->err, COS_E_UNAVAILABLE,
-                    r->declared_over_cap
-                        ? "download failed: the file is larger than max_bytes=%zu (declared Content-Length); nothing was read"
-                        : "download failed: more than max_bytes=%zu bytes received; transfer aborted",
-                    max_bytes);
+        cos_err_set(
+            c->err, COS_E_UNAVAILABLE,
+            r->declared_over_cap
+                ? "download failed: the file is larger than max_bytes=%zu (declared "
+                  "Content-Length); nothing was read"
+                : "download failed: more than max_bytes=%zu bytes received; transfer aborted",
+            max_bytes);
         cos_strlcpy(c->err->code, "too_large", sizeof c->err->code);
         c->err->status = r->meta.status;
         goto done;
@@ -767,10 +838,10 @@ static int exec_request(cos_ctx *c, const char *id, const cos_exec_args *a, int 
 {
     json_t *b = json_object();
     char *text = NULL;
-    if (b != NULL &&
-        json_object_set_new(b, "cmd", json_string(a->cmd)) == 0 &&
+    if (b != NULL && json_object_set_new(b, "cmd", json_string(a->cmd)) == 0 &&
         json_object_set_new(b, "args", a->args ? json_incref(a->args) : json_array()) == 0 &&
-        (!a->stdin_data || json_object_set_new(b, "stdin", json_stringn(a->stdin_data, a->stdin_len)) == 0) &&
+        (!a->stdin_data ||
+         json_object_set_new(b, "stdin", json_stringn(a->stdin_data, a->stdin_len)) == 0) &&
         (!a->env || json_object_set_new(b, "env", json_incref(a->env)) == 0) &&
         (!stream || json_object_set_new(b, "stream", json_true()) == 0))
         text = json_dumps(b, JSON_COMPACT);
@@ -820,7 +891,8 @@ static int exec_stream(cos_ctx *c, const char *id, const cos_exec_args *a, long 
         rc = RUN_FALLBACK;
         goto done;
     }
-    if (r->nd_rc != COS_ND_OK || (r->rc == CURLE_OK && r->meta.status >= 200 && r->meta.status < 300)) {
+    if (r->nd_rc != COS_ND_OK ||
+        (r->rc == CURLE_OK && r->meta.status >= 200 && r->meta.status < 300)) {
         pthread_mutex_lock(&xo->mu);
         nd = r->nd_rc != COS_ND_OK ? r->nd_rc : cos_ndjson_finish(&r->nd);
         pthread_mutex_unlock(&xo->mu);
@@ -870,21 +942,27 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
     cos_req_spec spec;
     cos_req *r = NULL;
     json_t *data = NULL;
-    size_t limit = xo->out[0].limit;
+    size_t limit = xo->out[0].buf.max;
     int rc = -1;
 
     if (exec_request(c, id, a, 0, timeout_ms, &spec) < 0)
         return -1;
     spec.mode = COS_RESP_JSON;
-    /* both streams at the cap, JSON-escaped, fit; more cannot be parsed */
-    spec.body_cap = limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
+    /* 4 x max_output + 1 MiB holds both streams at the cap when JSON escapes each
+     * byte into at most 2 (text: '"', '\\', and non-ASCII as is). Escaped control
+     * characters take 6 bytes (\u0001) and \u-escaped non-ASCII 2-3 times its
+     * UTF-8: such output near the cap can pass it, and the answer is then refused
+     * as ProtocolError (streaming exec, which has no body cap, is not affected). */
+    spec.body_cap =
+        limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
     if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
     if (r->rc != CURLE_OK) {
         transport_error(c, r, op);
         goto done;
     }
-    if (cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, c->cfg->key, c->err, &data) < 0)
+    if (cos_envelope_parse(op, &r->meta, r->body.data, r->body.len, 0, c->cfg->key, c->err, &data) <
+        0)
         goto done;
     if (!json_is_object(data)) {
         cos_err_set(c->err, COS_E_PROTOCOL, "exec failed: response data is not an object");
@@ -910,21 +988,27 @@ int cos_op_exec(cos_ctx *c, const char *id, const cos_exec_args *a, cos_exec_out
 {
     double end = cos_now_ms() + (double)a->timeout_ms;
     long left;
-    int rc;
+    int rc = RUN_FALLBACK;
 
     if (a->stream) {
         rc = exec_stream(c, id, a, a->timeout_ms, xo);
-        if (rc != RUN_FALLBACK)
-            return rc;
-        cos_engine_stat_add(c->eng, COS_STAT_FALLBACKS, 1);
+        if (rc == RUN_FALLBACK)
+            cos_engine_stat_add(c->eng, COS_STAT_FALLBACKS, 1);
     }
-    left = (long)(end - cos_now_ms());
-    if (left <= 0) {
-        cos_err_set(c->err, COS_E_DEADLINE, "exec failed: deadline of %.1f s passed",
-                    seconds(a->timeout_ms));
-        return -1;
+    if (rc == RUN_FALLBACK) {
+        left = (long)(end - cos_now_ms());
+        if (left > 0) {
+            rc = exec_buffered(c, id, a, left, xo);
+        } else {
+            cos_err_set(c->err, COS_E_DEADLINE, "exec failed: deadline of %.1f s passed",
+                        seconds(a->timeout_ms));
+            rc = -1;
+        }
     }
-    return exec_buffered(c, id, a, left, xo);
+    /* the service's error text is server text: it reaches Python sanitized */
+    if (rc == 0 && cos_exec_out_seal(xo, c->cfg->key) < 0)
+        rc = nomem(c, "exec");
+    return rc;
 }
 
 /* ------------------------------------------------------ deletes, run_program */
@@ -964,6 +1048,12 @@ static const char *delete_verdict(cos_req *r, const cos_cfg *cfg, cos_err *err)
 {
     cos_ctx c = {NULL, cfg, NULL, NULL, err, 0, 0};
     json_t *data = NULL;
+    if (r->cancelled && r->gave_up) {
+        cos_err_set(err, COS_E_DEADLINE,
+                    "delete failed: deadline of %.1f s passed (the transfer was stopped)",
+                    seconds(r->timeout_ms));
+        return err->msg;
+    }
     if (r->cancelled) {
         cos_err_set(err, COS_E_CLOSED, "delete failed: the client was closed");
         return err->msg;
@@ -974,7 +1064,8 @@ static const char *delete_verdict(cos_req *r, const cos_cfg *cfg, cos_err *err)
     }
     if (r->meta.status == 404)
         return NULL;
-    if (cos_envelope_parse("delete", &r->meta, r->body.data, r->body.len, cfg->key, err, &data) < 0)
+    if (cos_envelope_parse("delete", &r->meta, r->body.data, r->body.len, 0, cfg->key, err, &data) <
+        0)
         return err->msg;
     json_decref(data);
     return NULL;
@@ -1016,58 +1107,37 @@ int cos_op_delete_background(cos_ctx *c, const char *id)
 }
 
 /* Delete the guest of a run: synchronously unless asked otherwise or the
- * caller is being interrupted (then at once in the background). A failed
- * synchronous delete is handed to the background for one more try. */
+ * caller is being interrupted (then at once in the background). The wait is
+ * perform's; when interrupted, the delete goes on in the background (and so
+ * does one the backstop had to give up on). A synchronous delete that did not
+ * succeed is handed to the background for one more try. Its errors never
+ * replace the run's own (c->err), but an interrupt is the caller's. */
 static void run_cleanup(cos_ctx *c, const char *id, int background)
 {
-    cos_err derr;
-    cos_ctx dc = *c;
-    cos_req *r;
-    double hard_end;
+    cos_err derr, *run_err = c->err;
+    cos_req *r = NULL;
+    int done = -1;
 
     cos_err_clear(&derr);
-    dc.err = &derr;
+    c->err = &derr;
     if (background || c->aborted) {
-        dc.aborted = 0;
-        cos_op_delete_background(&dc, id);
-        return;
+        cos_op_delete_background(c, id);
+    } else if ((r = delete_req(c->eng, c->cfg, id, 0, &derr)) != NULL) {
+        done = perform_as(c, &r, "delete", NULL, STOP_DETACH);
+        if (r != NULL && (done < 0 || delete_verdict(r, c->cfg, &derr) != NULL) &&
+            !(r->cancelled && !r->gave_up))
+            cos_op_delete_background(c, id);
     }
-    r = delete_req(c->eng, c->cfg, id, 0, &derr);
-    if (r == NULL)
-        return;
-    if (cos_engine_submit(c->eng, r, &derr) < 0) {
+    if (r != NULL)
         cos_engine_release(c->eng, r);
-        return;
-    }
-    hard_end = cos_now_ms() + (double)r->timeout_ms + 1000.0;
-    for (;;) {
-        if (cos_req_wait(r, COS_SLICE_MS))
-            break;
-        if (slice(&dc, NULL)) {
-            /* interrupted while deleting: the engine finishes the delete */
-            c->aborted = 1;
-            cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
-            if (cos_engine_detach(c->eng, r) == 0)
-                return;
-            break;
-        }
-        if (cos_now_ms() > hard_end) {
-            /* the same backstop as every other wait: the delete borrows no
-             * memory of ours, so it can be left to the engine */
-            cos_engine_cancel(c->eng, r);
-            if (settle_cancelled(&dc, &r) < 0)
-                return;
-            break;
-        }
-    }
-    if (delete_verdict(r, c->cfg, &derr) != NULL && !r->cancelled)
-        cos_op_delete_background(&dc, id);
-    cos_engine_release(c->eng, r);
+    c->err = run_err;
+    if (c->aborted)
+        cos_err_set(c->err, COS_E_ABORTED, "interrupted");
 }
 
-int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id,
-                       const cos_file *files, size_t nfiles, const cos_exec_args *a,
-                       int delete_background, cos_exec_out *xo, char sandbox_id_out[COS_ID_MAX])
+int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id, const cos_file *files,
+                       size_t nfiles, const cos_exec_args *a, int delete_background,
+                       cos_exec_out *xo, char sandbox_id_out[COS_ID_MAX])
 {
     json_t *view = NULL;
     size_t i;
@@ -1083,7 +1153,8 @@ int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id,
     }
     have_guest = 1;
     for (i = 0; i < nfiles; i++)
-        if (cos_op_upload(c, sandbox_id_out, files[i].path, files[i].data, files[i].len, NULL, 0) < 0)
+        if (cos_op_upload(c, sandbox_id_out, files[i].path, files[i].data, files[i].len, NULL, 0) <
+            0)
             goto done;
     rc = cos_op_exec(c, sandbox_id_out, a, xo);
 done:

@@ -29,16 +29,16 @@ typedef struct cos_ctx {
     cos_slice_fn slice;
     void *ud;
     cos_err *err;
-    int aborted; /* slice asked to stop: no further waiting on its behalf */
+    int aborted;     /* slice asked to stop: no further waiting on its behalf */
     int live_output; /* the binding delivers stream output as it arrives */
 } cos_ctx;
 
 typedef struct cos_exec_args {
     const char *cmd;
-    json_t *args;        /* array of strings, or NULL */
+    json_t *args;           /* array of strings, or NULL */
     const char *stdin_data; /* NULL: none; may hold NUL bytes */
     size_t stdin_len;
-    json_t *env;         /* object of strings, or NULL */
+    json_t *env; /* object of strings, or NULL */
     long timeout_ms;
     int stream;
 } cos_exec_args;
@@ -75,9 +75,9 @@ int cos_op_exec(cos_ctx *c, const char *id, const cos_exec_args *a, cos_exec_out
 /* create (or adopt `adopt_id`) -> upload -> streaming exec -> delete. The
  * delete is attempted on every path; err->sandbox_id and sandbox_id_out name
  * the guest once there is one. */
-int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id,
-                       const cos_file *files, size_t nfiles, const cos_exec_args *a,
-                       int delete_background, cos_exec_out *xo, char sandbox_id_out[COS_ID_MAX]);
+int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id, const cos_file *files,
+                       size_t nfiles, const cos_exec_args *a, int delete_background,
+                       cos_exec_out *xo, char sandbox_id_out[COS_ID_MAX]);
 /* Queue a delete on the I/O thread; its outcome goes to drain_deletes. */
 int cos_op_delete_background(cos_ctx *c, const char *id);
 

@@ -6,11 +6,42 @@
 
 #include <math.h>
 
+/* The length of the key at an object iterator. */
+static size_t key_len(void *iter)
+{
+#if COS_HAVE_JSON_KEYLEN
+    return json_object_iter_key_len(iter);
+#else
+    return strlen(json_object_iter_key(iter)); /* no key holds NUL before 2.14 */
+#endif
+}
+
+/* obj[key[0..len)] = v, v stolen. -1 with an exception set. */
+static int set_member(json_t *obj, const char *key, size_t len, json_t *v)
+{
+#if COS_HAVE_JSON_KEYLEN
+    if (json_object_setn_new(obj, key, len, v) == 0)
+        return 0;
+#else
+    if (memchr(key, '\0', len) != NULL) {
+        /* refused, never cut at the NUL */
+        json_decref(v);
+        PyErr_Format(PyExc_ValueError,
+                     "a JSON object key holding NUL needs jansson 2.14 or newer (built with %s)",
+                     JANSSON_VERSION);
+        return -1;
+    }
+    if (json_object_set_new(obj, key, v) == 0)
+        return 0;
+#endif
+    PyErr_NoMemory(); /* the key is valid UTF-8 (Python's own) */
+    return -1;
+}
+
 PyObject *cos_json_to_py(json_t *j)
 {
     PyObject *out = NULL, *v;
-    const char *k;
-    size_t klen;
+    void *it;
     json_t *jv;
     size_t i;
 
@@ -18,10 +49,11 @@ PyObject *cos_json_to_py(json_t *j)
     case JSON_OBJECT:
         if ((out = PyDict_New()) == NULL)
             return NULL;
-        /* keys by length: a key may hold NUL (\u0000) */
-        json_object_keylen_foreach(j, k, klen, jv) {
-            PyObject *key = cos_decode(k, klen);
+        /* keys by length: with jansson 2.14 a key may hold NUL (\u0000) */
+        for (it = json_object_iter(j); it != NULL; it = json_object_iter_next(j, it)) {
+            PyObject *key = cos_decode(json_object_iter_key(it), key_len(it));
             int bad;
+            jv = json_object_iter_value(it);
             v = key ? cos_json_to_py(jv) : NULL;
             bad = v == NULL || PyDict_SetItem(out, key, v) < 0;
             Py_XDECREF(key);
@@ -35,7 +67,7 @@ PyObject *cos_json_to_py(json_t *j)
     case JSON_ARRAY:
         if ((out = PyList_New((Py_ssize_t)json_array_size(j))) == NULL)
             return NULL;
-        json_array_foreach(j, i, jv) {
+        json_array_foreach (j, i, jv) {
             if ((v = cos_json_to_py(jv)) == NULL) {
                 Py_DECREF(out);
                 return NULL;
@@ -59,6 +91,14 @@ PyObject *cos_json_to_py(json_t *j)
 }
 
 static json_t *py_to_json(PyObject *o, int depth);
+
+/* jansson returns NULL only for want of memory here: say so, as CPython would. */
+static json_t *no_memory_if_null(json_t *j)
+{
+    if (j == NULL)
+        PyErr_NoMemory();
+    return j;
+}
 
 /* A mapping -> JSON object. items() is user code: whatever it returns is
  * snapshotted into a tuple we own (nested conversions run more user code that
@@ -97,10 +137,8 @@ static json_t *mapping_to_json(PyObject *o, int depth)
         if ((ks = PyUnicode_AsUTF8AndSize(key, &klen)) == NULL ||
             (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
             goto error;
-        if (json_object_setn_new(out, ks, (size_t)klen, v) < 0) {
-            PyErr_SetString(PyExc_ValueError, "invalid JSON object key");
+        if (set_member(out, ks, (size_t)klen, v) < 0)
             goto error;
-        }
     }
     Py_DECREF(items);
     Py_DECREF(snap);
@@ -147,7 +185,6 @@ error:
 /* Python value -> new jansson value; NULL with a Python exception. */
 static json_t *py_to_json(PyObject *o, int depth)
 {
-    json_t *out = NULL;
     Py_ssize_t n;
 
     if (depth > 64) {
@@ -167,7 +204,7 @@ static json_t *py_to_json(PyObject *o, int depth)
             PyErr_SetString(PyExc_ValueError, "integer out of the JSON range (64-bit signed)");
             return NULL;
         }
-        return json_integer(v);
+        return no_memory_if_null(json_integer(v));
     }
     if (PyFloat_Check(o)) {
         double d = PyFloat_AS_DOUBLE(o);
@@ -175,16 +212,14 @@ static json_t *py_to_json(PyObject *o, int depth)
             PyErr_SetString(PyExc_ValueError, "NaN and infinity are not JSON");
             return NULL;
         }
-        return json_real(d);
+        return no_memory_if_null(json_real(d));
     }
     if (PyUnicode_Check(o)) {
         const char *s = PyUnicode_AsUTF8AndSize(o, &n);
         if (s == NULL)
             return NULL;
-        out = json_stringn(s, (size_t)n);
-        if (out == NULL)
-            PyErr_SetString(PyExc_ValueError, "value cannot be encoded as JSON");
-        return out;
+        /* Python's UTF-8 is valid UTF-8: jansson fails only for want of memory */
+        return no_memory_if_null(json_stringn(s, (size_t)n));
     }
     if (PyDict_Check(o) || (PyMapping_Check(o) && !PySequence_Check(o)))
         return mapping_to_json(o, depth);
@@ -208,7 +243,8 @@ json_t *cos_arg_json(PyObject *o, int want_object, const char *what, int *ok)
         return NULL;
     }
     if (want_object ? !json_is_object(j) : !json_is_array(j)) {
-        PyErr_Format(PyExc_TypeError, "%s must be a %s", what, want_object ? "mapping" : "sequence");
+        PyErr_Format(PyExc_TypeError, "%s must be a %s", what,
+                     want_object ? "mapping" : "sequence");
         json_decref(j);
         *ok = 0;
         return NULL;
@@ -223,7 +259,7 @@ json_t *cos_arg_str_list(PyObject *o, const char *what, int *ok)
     size_t i;
     if (j == NULL)
         return NULL;
-    json_array_foreach(j, i, v) {
+    json_array_foreach (j, i, v) {
         if (!json_is_string(v)) {
             PyErr_Format(PyExc_TypeError, "%s must contain only str", what);
             json_decref(j);

@@ -4,10 +4,13 @@ Every network wait releases the GIL. No Python code runs on the I/O thread:
 streamed output is handed to `on_output` on the calling thread, with the GIL
 held, between network waits. See docs/native-client.md.
 
-Redaction: every server-supplied string put into an exception (message,
-request_id, code) has the API key removed, including any run of 8 or more
-characters copied from it (a server may reflect the header cut short), and
-control characters replaced; at most ~500 characters of server text are kept.
+Redaction: every string a server or a guest chose that reaches Python (exception
+message, request_id, code, ExecResult.error, the state in resume's DeadlineError,
+drain_deletes' error texts) has the API key removed, including any run of 8 or
+more characters copied from it in any case (a server may reflect the header cut
+short or case-folded), control characters escaped (as backslash escapes: n, r, t, xHH, uHHHH)
+and ill-formed UTF-8 replaced by '?'; at most ~500 characters of server text are
+kept in a message.
 """
 
 import builtins
@@ -16,8 +19,13 @@ from os import PathLike
 from typing import Any, Literal, final
 
 __version__: str
-curl_version: str
-jansson_version: str
+curl_version: str  # the libcurl loaded at run time
+jansson_version: str  # the jansson loaded at run time
+build_curl_version: str  # the libcurl headers built with (at least 7.74.0)
+build_jansson_version: str  # the jansson headers built with (at least 2.13)
+# what those headers allow: "quick_exit" (libcurl >= 7.87: a stuck resolver never holds the
+# I/O thread), "json_keys_with_nul" (jansson >= 2.14: object keys holding NUL can be sent)
+build_features: frozenset[str]
 
 DEFAULT_MAX_OUTPUT_BYTES: int  # 16 MiB per stream
 MAX_OUTPUT_BYTES_LIMIT: int  # 1 GiB: the largest max_output_bytes accepted (ValueError above)
@@ -86,7 +94,7 @@ class ExecResult:
     stdout: str
     stderr: str
     exit_code: int  # -1 only with timed_out=True (no exit status before the deadline)
-    error: str | None  # the service's result.error (command could not start)
+    error: str | None  # the service's result.error (command could not start), sanitized
     exec_ms: float | None  # the program's own time as reported by the service
     stdout_truncated: bool
     stderr_truncated: bool
@@ -145,7 +153,10 @@ class Client:
         data: bytes | None = None,
         *,
         file: str | PathLike[str] | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Upload bytes, or stream a regular file from disk. The file is opened without
+        blocking the interpreter; anything but a regular file (a FIFO, a device, a
+        directory) raises OSError naming it, before anything is read."""
     def download(self, sandbox_id: str, path: str, *, max_bytes: int) -> bytes:
         """A 2xx Content-Length above max_bytes is refused before the body; a body
         that passes max_bytes aborts the transfer. Both raise UnavailableError with

@@ -24,7 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     data++;
     size--;
     cos_err_clear(&err);
-    if (cos_envelope_parse("fuzz", &meta, (const char *)data, size, FUZZ_SECRET, &err, &payload) == 0) {
+    if (cos_envelope_parse("fuzz", &meta, (const char *)data, size, 1, FUZZ_SECRET, &err,
+                           &payload) == 0) {
         if (payload == NULL)
             abort();
         if (cos_page_items("fuzz", payload, "sandboxes", &items, &total, &err) == 0) {
@@ -40,11 +41,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     assert_no_secret(err.msg);
     assert_no_secret(err.request_id);
     assert_no_secret(err.code);
+    assert_clean_text(err.msg, strlen(err.msg));
+    assert_clean_text(err.code, strlen(err.code));
     /* every error response also goes through the error path alone */
     cos_err_clear(&err);
     meta.status = 400 + (long)(size % 200);
     cos_error_from_response("fuzz", &meta, (const char *)data, size, FUZZ_SECRET, &err);
     assert_no_secret(err.msg);
+    assert_clean_text(err.msg, strlen(err.msg));
     if (strlen(err.msg) >= sizeof err.msg)
         abort();
     return 0;

@@ -14,7 +14,8 @@ static void check(const cos_meta *m)
 {
     if (strnlen(m->request_id, sizeof m->request_id) >= sizeof m->request_id)
         abort();
-    if (m->has_retry_after && (!isfinite(m->retry_after) || m->retry_after < 0 || m->retry_after > 1e9))
+    if (m->has_retry_after &&
+        (!isfinite(m->retry_after) || m->retry_after < 0 || m->retry_after > 1e9))
         abort();
 }
 
@@ -35,7 +36,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             return 0;
         memcpy(line, data + off, n);
         kind = cos_header_line(&meta, line, n, &length);
-        if (kind == COS_HDR_CONTENT_LENGTH && (n < 15 || strncasecmp(line, "Content-Length:", 15) != 0))
+        if (kind == COS_HDR_CONTENT_LENGTH &&
+            (n < 15 || strncasecmp(line, "Content-Length:", 15) != 0))
             abort();
         if (kind == COS_HDR_STATUS && (meta.request_id[0] != '\0' || meta.has_retry_after))
             abort();

@@ -41,7 +41,7 @@ static int parse(const uint8_t *data, size_t size, const uint8_t *cuts, size_t n
     }
     if (rc == COS_ND_OK)
         rc = cos_ndjson_finish(&p);
-    if (p.len > MAX_LINE)
+    if (p.line.len > MAX_LINE || p.line.cap > MAX_LINE)
         abort();
     cos_ndjson_free(&p);
     return rc;
@@ -60,7 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     a = parse(data + 1 + ncuts, size - 1 - ncuts, NULL, 0, &whole);
     b = parse(data + 1 + ncuts, size - 1 - ncuts, data + 1, ncuts, &chunked);
     if (a != b || whole.hash != chunked.hash || whole.frames != chunked.frames) {
-        fprintf(stderr, "chunking changed the result: %d/%d %zu/%zu\n", a, b, whole.frames, chunked.frames);
+        fprintf(stderr, "chunking changed the result: %d/%d %zu/%zu\n", a, b, whole.frames,
+                chunked.frames);
         abort();
     }
     return 0;

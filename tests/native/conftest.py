@@ -1,9 +1,12 @@
-"""Fixtures for the native client's tests: a Client on the real createos-local (tests/conftest.py)."""
+"""Fixtures for the native client's tests: a Client on the real createos-local (tests/conftest.py),
+and a throwaway PKI for the tests that serve it over TLS."""
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,3 +35,23 @@ def sandbox(client: _createos.Client) -> Iterator[dict[str, Any]]:
 
 def route_count(cp: LocalControlPlane, route: str) -> int:
     return int(cp.stats()["requests"].get(route, 0))
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A throwaway CA, a server certificate for localhost signed by it, and an unrelated CA."""
+    d = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+             "-keyout", "server.key", "-out", "server.csr", cwd=d)  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+             "-days", "2", "-extfile", "san.ext", "-out", "server.pem", cwd=d)  # fmt: skip
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=other-ca",
+             "-keyout", "other.key", "-out", "other.pem", cwd=d)  # fmt: skip
+    return {name: d / f"{name}" for name in ("ca.pem", "server.pem", "server.key", "other.pem")}

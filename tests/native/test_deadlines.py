@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from langflow_sandbox_createos import _createos
+
 SHIM_SOURCE = Path(__file__).parent / "shims" / "stall_getaddrinfo.c"
 STALL_SECONDS = 20
 
@@ -87,4 +89,10 @@ def test_stalled_name_resolution_is_bounded_by_the_deadline(shim: Path) -> None:
         assert kind == "DeadlineError" and elapsed < STALL_SECONDS / 2, out
     kind, elapsed = out["sigint"]
     assert kind == "KeyboardInterrupt" and elapsed < STALL_SECONDS / 2, out
-    assert out["close"][1] < STALL_SECONDS / 2, out
+    if "quick_exit" in _createos.build_features:
+        assert out["close"][1] < STALL_SECONDS / 2, out
+    else:
+        # libcurl < 7.87 (no CURLOPT_QUICK_EXIT) joins the stuck resolver thread: each call
+        # still ends at its deadline (the caller's backstop abandons it), but each client's
+        # I/O thread, and so close(), waits for its getaddrinfo to return (two clients here)
+        assert out["close"][1] < 2 * STALL_SECONDS + 10, out

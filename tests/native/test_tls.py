@@ -16,26 +16,6 @@ from langflow_sandbox_createos import _createos
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A throwaway CA, a server certificate for localhost signed by it, and an unrelated CA."""
-    d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-             "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
-             "-keyout", "server.key", "-out", "server.csr", cwd=d)  # fmt: skip
-    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-             "-days", "2", "-extfile", "san.ext", "-out", "server.pem", cwd=d)  # fmt: skip
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=other-ca",
-             "-keyout", "other.key", "-out", "other.pem", cwd=d)  # fmt: skip
-    return {name: d / f"{name}" for name in ("ca.pem", "server.pem", "server.key", "other.pem")}
-
-
 @pytest.fixture(scope="module")
 def tls_plane(pki: dict[str, Path]) -> Iterator[LocalControlPlane]:
     with LocalControlPlane(tls=(pki["server.pem"], pki["server.key"], pki["ca.pem"])) as plane:
