@@ -9,6 +9,7 @@ packages=(
   iproute2 nftables slirp4netns libseccomp2  # each guest's own network (NAT, egress rules) and seccomp filter
   python3 python3-pip procps            # what createos-local's devbox:1 image offers its guests
   clang libclang-rt-14-dev              # libFuzzer harnesses (make fuzz)
+  clang-format                          # make format-c (csrc/ in the style of .clang-format)
   ca-certificates
   chromium                              # headless browser check of the canvas (tests/e2e)
 )
