@@ -140,6 +140,7 @@ def worker_env(cp: LocalControlPlane) -> dict[str, str]:
             "CREATEOS_SANDBOX_BASE_URL": cp.url,
             "CREATEOS_SANDBOX_API_KEY": cp.api_key,
             "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": "true",
+            "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION": "true",  # createos-local
             "LANGFLOW_SANDBOX_TIMEOUT_SECONDS": "30",
             "CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "120",
             "CREATEOS_EXECUTOR_ROOTFS": TEMPLATE_NAME,  # devbox:1 has no lfx

@@ -9,6 +9,12 @@ The archive comes from the guest, so nothing in it is trusted:
 - at most `MAX_FILES` files and `MAX_TOTAL_BYTES` of file content come back;
 - only regular files are read: symlinks, hard links, devices and fifos are skipped, and
   so is any member with an absolute path or a `..` component. Nothing is written to disk;
+- before `tarfile` parses anything, the inflated bytes are walked header by header and an
+  extended header (a pax record set, a GNU long name or link) larger than
+  `MAX_EXTENDED_HEADER_BYTES` stops the read there: on CPython before 3.11.10 / 3.12.6 a
+  crafted pax header made `tarfile`'s parser take time quadratic in its length while holding
+  the GIL (CVE-2024-6232; 248 bytes of gzip froze a whole Langflow for 65 s), and no deadline
+  checked between reads can interrupt that;
 - the read is bounded in time as well: a member that declares more bytes than the budget
   has left stops the read at once (tarfile would otherwise skip over it one empty 10 KiB
   read at a time, for ever when the archive ends early), an archive that keeps being read
@@ -42,6 +48,13 @@ MAX_SECONDS = 20.0
 # Reads after the end of the data that tarfile may make on a well-formed archive; more means
 # it is skipping past the end of a member the archive does not hold.
 _READS_AFTER_END = 8
+# An extended header (pax `x`/`g`, GNU long name `L` / long link `K`) bigger than this is
+# refused before tarfile parses it. A long path is at most PATH_MAX (4096) bytes; pax adds a
+# few short records. tarfile's pax parser costs time quadratic in the header's length on
+# CPython < 3.11.10 / 3.12.6 (CVE-2024-6232): 8 KiB keeps that to milliseconds.
+MAX_EXTENDED_HEADER_BYTES = 8 * 1024
+_EXTENDED_TYPES = frozenset(b"xgLK")
+_BLOCK = 512
 
 ROW_COLUMNS = ("path", "size", "text", "base64", "path_escaped")
 
@@ -199,6 +212,78 @@ def escape_name(name: str) -> tuple[str, bool]:
     return "".join(out), True
 
 
+class _Oversized(Exception):
+    """An extended header larger than MAX_EXTENDED_HEADER_BYTES, at `offset`."""
+
+    def __init__(self, offset: int, size: int) -> None:
+        super().__init__(offset, size)
+        self.offset = offset
+        self.size = size
+
+
+def _header_size(block: bytes) -> int | None:
+    """The size field of a tar header block (octal, or GNU base-256), None when unreadable."""
+    field = block[124:136]
+    if field[:1] in (b"\x80", b"\xff"):  # base-256: a positive number is all tarfile accepts here
+        return int.from_bytes(field[1:], "big") if field[:1] == b"\x80" else None
+    digits = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(digits or b"0", 8)
+    except ValueError:
+        return None
+
+
+def _check_extended_headers(data: bytes, limit: int) -> None:
+    """Walk the tar headers of `data` (inflated bytes); raise _Oversized at the first extended
+    header over `limit` bytes. A header that does not parse ends the walk: tarfile then
+    reports it as it would."""
+    offset = 0
+    while offset + _BLOCK <= len(data):
+        block = data[offset : offset + _BLOCK]
+        if block == bytes(_BLOCK):  # end of archive
+            return
+        size = _header_size(block)
+        if size is None:
+            return
+        if block[156] in _EXTENDED_TYPES and size > limit:
+            raise _Oversized(offset, size)
+        offset += _BLOCK + -(-size // _BLOCK) * _BLOCK
+
+
+def _inflate(archive: bytes, budget: int, deadline: float) -> tuple[bytes, BaseException | None]:
+    """The archive's tar bytes (at most `budget` of them) and why inflating stopped early:
+    None at the end of a valid gzip stream, else _BudgetExceeded, _Overtime, or the gzip
+    error. Never raises."""
+    reader = _BoundedReader(gzip.GzipFile(fileobj=io.BytesIO(archive), mode="rb"), budget, deadline)
+    chunks: list[bytes] = []
+    try:
+        while chunk := reader.read(64 * 1024):
+            chunks.append(chunk)
+    except (_BudgetExceeded, _Overtime, _PastEnd, EOFError, OSError, zlib.error) as exc:
+        return b"".join(chunks), exc
+    return b"".join(chunks), None
+
+
+def _stop_note(stopped: BaseException, budget: int, max_seconds: float, got_some: bool) -> str:
+    """Why the tar read ended where inflating (or the header check) stopped."""
+    after = "reading stopped there and any files after that point were not returned."
+    if isinstance(stopped, _Oversized):
+        return (
+            f"The archive holds an extended tar header (pax record or GNU long name) of {stopped.size} "
+            f"bytes, over the {MAX_EXTENDED_HEADER_BYTES} allowed; {after}"
+        )
+    if isinstance(stopped, _BudgetExceeded):
+        return f"The archive expands to more than {_mib(budget)}; {after}"
+    if isinstance(stopped, _Overtime):
+        return f"Reading the archive took more than {max_seconds:g} s; {after}"
+    if got_some:
+        return (
+            "The archive ends early (it was cut at the transfer limit, or the archive step in the guest "
+            f"was stopped): the files before that point are returned ({stopped or 'end of data'})."
+        )
+    return f"The archive could not be read: {stopped or 'no data'}."
+
+
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
@@ -226,8 +311,17 @@ def extract(
     total = 0
     seen: set[tuple[str, bool]] = set()
     deadline = time.monotonic() + max_seconds
-    reader = _BoundedReader(gzip.GzipFile(fileobj=io.BytesIO(archive), mode="rb"), budget, deadline)
+    # Inflated first, at most the budget, so every tar header can be checked before tarfile
+    # parses it; tarfile then reads those bytes.
+    inflated, stopped = _inflate(archive, budget, deadline)
     try:
+        _check_extended_headers(inflated, MAX_EXTENDED_HEADER_BYTES)
+    except _Oversized as exc:
+        inflated, stopped = inflated[: exc.offset], exc
+    reader = _BoundedReader(io.BytesIO(inflated), budget, deadline)  # type: ignore[arg-type]
+    try:
+        if isinstance(stopped, (_Overtime, _BudgetExceeded)) and not inflated:
+            raise stopped
         # utf-8 + surrogateescape whatever the host's locale: undecodable bytes survive as
         # lone surrogates, which escape_name turns into visible \xNN escapes
         stream = io.BufferedReader(reader)
@@ -265,6 +359,9 @@ def extract(
                 escaped += was_escaped
                 total += len(data)
                 out.files.append(ArtifactFile(shown, data, was_escaped))
+        if stopped is not None:  # the bytes tarfile had ended at a block boundary, where inflating stopped
+            out.truncated = True
+            out.notes.append(_stop_note(stopped, budget, max_seconds, bool(out.files or reader.consumed)))
     except _BudgetExceeded:
         out.truncated = True
         out.notes.append(
@@ -285,7 +382,9 @@ def extract(
         )
     except (_PastEnd, EOFError, tarfile.ReadError) as exc:
         out.truncated = True
-        if out.files or reader.consumed:
+        if stopped is not None:  # tarfile ran out of the bytes inflating gave it: say why
+            out.notes.append(_stop_note(stopped, budget, max_seconds, bool(out.files or reader.consumed)))
+        elif out.files or reader.consumed:
             detail = "it declares more data than it holds" if isinstance(exc, _PastEnd) else str(exc)
             out.notes.append(
                 "The archive ends early (it was cut at the transfer limit, or the archive step in the guest "

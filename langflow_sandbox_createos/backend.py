@@ -90,14 +90,14 @@ class CreateOSBackend:
     def capabilities(self) -> Capabilities:
         """What this backend enforces; lfx's dispatcher decides whether that is enough.
 
-        Hardware isolation; no domain allowlist (CreateOS stores hostname rules without
+        The isolation of the control plane in use (see `_reported_isolation`); no domain allowlist (CreateOS stores hostname rules without
         enforcing them); at most MAX_TIMEOUT_SECONDS per run. Deny-all egress only once
         LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true: the deny-all rule leaves
         169.254.0.0/16 reachable, so without that acknowledgement "off" is not enforced
         and lfx refuses egress-off runs itself. Reads one environment variable, no I/O.
         """
         return Capabilities(
-            isolation="hardware-virtualized",
+            isolation=_reported_isolation(),
             supports_deny_all_egress=_deny_all_acknowledged(),
             supports_domain_allowlist=False,
             max_timeout_seconds=settings.MAX_TIMEOUT_SECONDS,
@@ -125,6 +125,7 @@ class CreateOSBackend:
 
         endpoint = runtime.endpoints.get()
         _preflight(endpoint)
+        _isolation_gate(endpoint)
         shape = runtime.pick_shape(runtime.catalog(endpoint), config.memory_mb, config.shape)
 
         program = _Program.build(code, config.timeout_seconds)
@@ -276,6 +277,48 @@ def _pool_key(endpoint: runtime.Endpoint, create: Mapping[str, Any]) -> warm_poo
     )
 
 
+HARDWARE = "hardware-virtualized"
+ACCEPT_LOCAL_ISOLATION = "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION"
+
+
+def _local_acknowledged() -> bool:
+    try:
+        return settings.accept_local_isolation()
+    except SettingsError:
+        return False  # run() reports the malformed setting
+
+
+def _reported_isolation() -> str:
+    """What this backend tells lfx: the truth about the control plane in use, learnt from its
+    whoami (no I/O here). CreateOS runs microVMs: hardware-virtualized. createos-local runs
+    namespaces on a shared kernel and says so: that is reported (lfx then refuses, quoting
+    it, with the setting that accepts it), unless CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION=true
+    accepts it for tests and demos. Before the first whoami of an endpoint nothing is known:
+    run() asks first and refuses itself (`_isolation_gate`)."""
+    try:
+        endpoint = runtime.endpoints.get()
+    except SandboxUnavailableError:
+        return HARDWARE  # run() refuses the settings anyway
+    isolation = endpoint.isolation
+    if isolation is None or isolation == HARDWARE or _local_acknowledged():
+        return HARDWARE
+    return (
+        f"{isolation} (the control plane at {endpoint.base_url} runs guests with {isolation!r} isolation "
+        f"on a shared kernel, not microVMs; {ACCEPT_LOCAL_ISOLATION}=true accepts it for tests and demos)"
+    )
+
+
+def _isolation_gate(endpoint: runtime.Endpoint) -> None:
+    if endpoint.isolation in (None, HARDWARE) or _local_acknowledged():
+        return
+    raise SandboxUnavailableError(
+        f"CreateOS: the control plane at {endpoint.base_url} runs guests with {endpoint.isolation!r} isolation "
+        f"on a shared kernel (createos-local), not hardware-virtualized microVMs, which lfx's sandbox mode "
+        f"assumes. Point CREATEOS_SANDBOX_BASE_URL at CreateOS, or set {ACCEPT_LOCAL_ISOLATION}=true to "
+        "accept it (tests and demos: make run sets it)."
+    )
+
+
 def _preflight(endpoint: runtime.Endpoint) -> None:
     """GET /v1/whoami once per endpoint (a new key or base URL is a new endpoint)."""
     if endpoint.preflight_ok:
@@ -285,7 +328,7 @@ def _preflight(endpoint: runtime.Endpoint) -> None:
         if endpoint.preflight_ok:
             return
         try:
-            endpoint.client.whoami()  # type: ignore[attr-defined]
+            who = endpoint.client.whoami()  # type: ignore[attr-defined]
         except native.CreateOSError as exc:
             if isinstance(exc, native.TransientError) and exc.status is None:
                 raise SandboxUnavailableError(
@@ -298,6 +341,7 @@ def _preflight(endpoint: runtime.Endpoint) -> None:
                     "Check CREATEOS_SANDBOX_BASE_URL."
                 ) from None
             raise runtime.to_lfx_error(exc, "verify the API key (GET /v1/whoami)") from None
+        endpoint.isolation = runtime.plane_isolation(who)
         endpoint.preflight_ok = True
 
 

@@ -244,6 +244,7 @@ def _check_control_plane(report: Report, backend: Any) -> None:
             )
         )
         return
+    _check_isolation(report, runtime.plane_isolation(who))
     if backend is None:
         return
     try:
@@ -263,6 +264,39 @@ def _check_control_plane(report: Report, backend: Any) -> None:
                 False,
                 str(exc),
                 "adjust CREATEOS_SANDBOX_SHAPE or LANGFLOW_SANDBOX_MEMORY_MB",
+                ("backend",),
+            )
+        )
+
+
+def _check_isolation(report: Report, isolation: str) -> None:
+    """What the control plane's guests really are, and what the backend tells lfx."""
+    if isolation == "hardware-virtualized":
+        report.add(Check("isolation", True, "hardware-virtualized: each guest is a microVM"))
+        return
+    try:
+        accepted = settings.accept_local_isolation()
+    except SettingsError as exc:
+        report.add(Check("isolation", False, str(exc), "fix the variable named above", ("backend",)))
+        return
+    truth = f"{isolation!r}: guests are processes in Linux namespaces on this machine's shared kernel, not microVMs"
+    if accepted:
+        report.add(
+            Check(
+                "isolation",
+                None,
+                f"{truth}; CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION=true accepts it, so the backend reports "
+                "hardware-virtualized to lfx (tests and demos only)",
+            )
+        )
+    else:
+        report.add(
+            Check(
+                "isolation",
+                False,
+                f"{truth}; the backend reports that to lfx, which refuses to run the Python Interpreter on it",
+                "point CREATEOS_SANDBOX_BASE_URL at CreateOS, or export CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION=true "
+                "(tests and demos)",
                 ("backend",),
             )
         )

@@ -41,7 +41,7 @@ from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos import executor_flows, executor_pool, executor_sandbox, runtime, settings
-from langflow_sandbox_createos.executor_host import HostReplay, memory_seed
+from langflow_sandbox_createos.executor_host import HostReplay
 from langflow_sandbox_createos.executor_protocol import (
     BOOTSTRAP,
     FrameReader,
@@ -91,6 +91,18 @@ ROOTFS_HINT = (
     "CREATEOS_EXECUTOR_ROOTFS to it (the supported path); CREATEOS_EXECUTOR_INSTALL_LFX=true with "
     "CREATEOS_EXECUTOR_PIP=<packages> installs them per run instead, for experiments."
 )
+
+
+# Frame types the runner writes once per run; a second one fails the run.
+ONCE = frozenset({"hello", "ready", "graph", "accepted", "waiting", "outputs", "done"})
+
+
+def _version_text(value: Any) -> str | None:
+    """A version string from the guest, fit to log and show: short, printable ASCII."""
+    if not isinstance(value, str) or not value:
+        return None
+    cleaned = "".join(ch if 32 < ord(ch) < 127 else "?" for ch in value[:40])
+    return cleaned + ("..." if len(value) > 40 else "")
 
 
 # --- what this process knows about each (endpoint, rootfs) -------------------------------
@@ -324,6 +336,17 @@ class _Run:
         while self._stderr_chars > STDERR_KEEP_CHARS and len(self.stderr_tail) > 1:
             self._stderr_chars -= len(self.stderr_tail.pop(0))
 
+    def _on_refused(self, refused: Exception) -> None:
+        """Flow code that learnt the frame secret sent a frame the host will not decode."""
+        logger.warning("CreateOS executor: guest %s sent %s; the run fails", self.sandbox_id, refused)
+        self._push(
+            "error",
+            SandboxExecutionError(
+                f"CreateOS executor: the guest sent {refused} (docs/executor.md, frame limits); "
+                "the run was stopped."
+            ),
+        )
+
     def _on_plain(self, line: str) -> None:
         self.plain_lines += 1
         logger.debug("CreateOS executor: unframed guest stdout: %s", line[:500])
@@ -334,7 +357,7 @@ class _Run:
             key=bytes.fromhex(self.token),
             on_frame=lambda frame: self._push("frame", frame),
             on_plain=self._on_plain,
-            max_line=self.cfg.max_output_bytes,
+            on_refused=self._on_refused,
         )
 
         def on_output(stream: str, text: str) -> None:
@@ -513,7 +536,6 @@ class CreateOSExecutor(Executor):
         except executor_flows.FlowReferenceError as exc:
             raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
         replay = HostReplay(options.get("event_manager"), unit.graph, spec)
-        spec["runtime"]["memory"] = await memory_seed(unit.graph, spec)
         secrets_inline = inline_secrets(spec["graph"])
         if secrets_inline:
             logger.info(
@@ -574,9 +596,16 @@ class CreateOSExecutor(Executor):
                         ) from None
                     yield StepResult(payload=event)
                     continue
+                if frame_type in ONCE and frame_type in frames:
+                    # the runner writes these once, before (or after) any flow code runs: a
+                    # second one is flow code that learnt the frame secret
+                    raise SandboxExecutionError(
+                        f"CreateOS executor: the guest sent a second {frame_type!r} frame; the run "
+                        "was stopped (docs/executor.md, frame limits)."
+                    )
                 frames.setdefault(frame_type, frame)
                 if frame_type == "ready":
-                    lfx_version = frame.get("lfx") if isinstance(frame.get("lfx"), str) else None
+                    lfx_version = _version_text(frame.get("lfx"))
                     if not frame.get("installed"):
                         guest_knowledge.record(endpoint.base_url, cfg.rootfs, lfx_version)
                     yield StepResult(

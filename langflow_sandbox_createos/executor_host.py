@@ -1,6 +1,8 @@
 """What the host does with a run's guest-side effects, so the caller sees an in-process run:
 lfx events replayed into the caller's event manager, chat messages stored in the host's
-memory (Langflow's database when it is there), and the session's history handed to the guest.
+memory (Langflow's database when it is there), and the history a component reads, fetched
+from the host's memory when it asks (never shipped ahead: a flow that reads no history sees
+none).
 
 Everything here reads authenticated JSON frames only. Messages are rebuilt with pydantic
 validation, never unpickled; the owner and flow of a stored message are the host graph's,
@@ -19,8 +21,10 @@ from langflow_sandbox_createos import executor_flows
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
-# How many of the session's most recent messages the guest gets, for Message History.
-MEMORY_SEED_MAX = 1000
+# The most messages one history read returns to the guest (Message History asks for 100).
+HISTORY_MAX = 1000
+# The filters a history read may pass; the owner is always the run's (see _history).
+_HISTORY_FILTERS = ("sender", "sender_name", "session_id", "context_id", "order_by", "order", "flow_id")
 
 
 def _owner(graph: Any) -> str | None:
@@ -31,28 +35,6 @@ def _owner(graph: Any) -> str | None:
     except Exception:  # an lfx without owner resolution: the executing user
         owner = getattr(graph, "user_id", None)
     return str(owner) if owner else None
-
-
-async def memory_seed(graph: Any, spec: Mapping[str, Any]) -> list[Any]:
-    """The session's stored messages (newest first, at most MEMORY_SEED_MAX), read from the
-    host's memory the way Message History reads them in-process."""
-    session_id = spec.get("session_id")
-    if not session_id or graph is None or isinstance(graph, (str, bytes, Mapping)):
-        return []
-    from lfx.memory import aget_messages
-
-    try:
-        found = await aget_messages(
-            session_id=session_id,
-            flow_id=spec.get("flow_id"),
-            user_id=_owner(graph),
-            order="DESC",
-            limit=MEMORY_SEED_MAX,
-        )
-    except Exception as exc:  # the run still works; only history-reading components see less
-        logger.warning("CreateOS executor: could not read the session's messages for the guest: %s", exc)
-        return []
-    return list(found or [])
 
 
 class HostReplay:
@@ -80,7 +62,9 @@ class HostReplay:
         """True when the frame was one of ours (and has been applied)."""
         kind = frame.get("t")
         try:
-            if kind == "event":
+            if kind == "history":
+                await self._history(frame)
+            elif kind == "event":
                 self._event(frame)
             elif kind == "store":
                 await self._store(frame)
@@ -152,6 +136,21 @@ class HostReplay:
             # In-process, the next vertex sees the stored message with its database id: the
             # guest waits for this answer before its flow goes on.
             await self.reply(f"reply-{number}", {"id": host_id})
+
+    async def _history(self, frame: Mapping[str, Any]) -> None:
+        """A component in the guest reads chat history (lfx.memory.aget_messages): read it from
+        the host's memory as in-process, under the run's owner whatever the guest asks."""
+        from lfx.memory import aget_messages
+
+        number = frame.get("reply")
+        if self.reply is None or not isinstance(number, int) or not 0 < number < 1 << 31:
+            raise SandboxExecutionError("CreateOS executor: a history read without a reply number")
+        filters = {k: frame[k] for k in _HISTORY_FILTERS if isinstance(frame.get(k), str)}
+        limit = frame.get("limit")
+        limit = min(limit, HISTORY_MAX) if isinstance(limit, int) and limit > 0 else HISTORY_MAX
+        found = await aget_messages(**filters, limit=limit, user_id=self.owner)
+        messages = [m.model_dump(mode="json") for m in (found or [])]
+        await self.reply(f"history-{number}", {"messages": messages})
 
     def _flow_of(self, message: Any) -> Any:
         """The run's flow, or a subflow the host resolved for this run (in-process, a Run Flow

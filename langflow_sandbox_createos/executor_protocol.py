@@ -2,8 +2,8 @@
 objects the frames become.
 
 The guest half is `guest/runner.py` (stdlib only, shipped as source). The frame format
-must match `runner.Frames.emit`: `LFXF1 <seq> <mac> <json>` with
-mac = HMAC-SHA256(secret, "<seq> <json>")[:32 hex].
+must match `runner.Frames.emit`: `LFXF2 <seq> <mac> <type> <json>` with
+mac = HMAC-SHA256(secret, "<seq> <type> <json>")[:32 hex].
 """
 
 from __future__ import annotations
@@ -25,8 +25,70 @@ from langflow_sandbox_createos import executor_flows
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
-MAGIC = "LFXF1"
+MAGIC = "LFXF2"
 MAC_HEX = 32
+KIB, MIB = 1024, 1024 * 1024
+# Every frame type the runner writes, with the most bytes of JSON one may hold. Flow code can
+# learn the frame secret (it shares the runner's memory), so these bound what a hostile run
+# can make the host decode: an authentic frame of another type, or over its limit, fails the
+# run (it is never kept). Control frames are small; vertex events are capped at 512 KiB by
+# the runner; the rest carry messages, code and the run's results.
+FRAME_LIMITS: dict[str, int] = {
+    **dict.fromkeys(
+        (
+            "hello",
+            "ready",
+            "graph",
+            "accepted",
+            "waiting",
+            "done",
+            "timeout",
+            "missing_lfx",
+            "idle_expired",
+            "installing",
+            "installed",
+            "install_failed",
+            "fatal",
+            "delete",
+        ),
+        64 * KIB,
+    ),
+    "vertex": 1 * MIB,
+    "event": 4 * MIB,
+    "store": 4 * MIB,
+    "update": 4 * MIB,
+    "sandbox": 4 * MIB,
+    "history": 64 * KIB,
+    "outputs": 8 * MIB,
+}
+MAX_FRAME_LINE = max(FRAME_LIMITS.values()) + 256  # the header before the JSON
+# What decoding one frame may cost on top of its text: Python's objects for JSON made mostly
+# of structure take ~30 times the text ("[{},{},...]": 16 MiB decoded to 354 MiB), so the
+# cost is estimated from above first and a frame over the budget is refused undecoded.
+DECODE_FACTOR = 8
+DECODE_FLOOR = 2 * MIB
+
+
+def decode_cost(body: str) -> int:
+    """An upper bound of the memory json.loads takes for `body` (its text included): a dict
+    per brace, a list per bracket, an object per comma or colon (the counts include those in
+    strings, which only raises the bound)."""
+    return (
+        len(body)
+        + 232 * body.count("{")
+        + 64 * body.count("[")
+        + 72 * (body.count(",") + body.count(":") + 1)
+    )
+
+
+def decode_budget(body: str) -> int:
+    return DECODE_FACTOR * len(body) + DECODE_FLOOR
+
+
+class FrameRefused(ValueError):
+    """An authentic frame the host refuses to decode (unknown type, too large, too dense)."""
+
+
 TAIL_CHARS = 4000
 
 # Runtime options the guest understands, and the ones that cannot leave this process.
@@ -69,14 +131,14 @@ def new_token() -> str:
     return secrets.token_hex(32)
 
 
-def frame_mac(key: bytes, seq: int, body: str) -> str:
-    return hmac.new(key, f"{seq} {body}".encode(), hashlib.sha256).hexdigest()[:MAC_HEX]
+def frame_mac(key: bytes, seq: int, kind: str, body: str) -> str:
+    return hmac.new(key, f"{seq} {kind} {body}".encode(), hashlib.sha256).hexdigest()[:MAC_HEX]
 
 
 def encode_frame(key: bytes, seq: int, kind: str, **fields: Any) -> str:
     """What the guest writes (used by tests to check both halves agree)."""
     body = json.dumps({**fields, "t": kind}, ensure_ascii=True, separators=(",", ":"))
-    return f"{MAGIC} {seq} {frame_mac(key, seq, body)} {body}\n"
+    return f"{MAGIC} {seq} {frame_mac(key, seq, kind, body)} {kind} {body}\n"
 
 
 # --- the run spec --------------------------------------------------------------------------
@@ -335,7 +397,9 @@ class FrameReader:
     key: bytes
     on_frame: Callable[[dict[str, Any]], None]
     on_plain: Callable[[str], None]
-    max_line: int = 64 * 1024 * 1024
+    max_line: int = MAX_FRAME_LINE
+    # an authentic frame refused undecoded (see FRAME_LIMITS): the run must fail
+    on_refused: Callable[[FrameRefused], None] | None = None
     next_seq: int = 0
     rejected: int = 0
     # a line still waiting for its newline. A guest can send it in millions of tiny pieces,
@@ -356,7 +420,12 @@ class FrameReader:
                     self._pieces.clear()
                 if self._buffered > self.max_line:  # not a frame we could accept anyway
                     self.rejected += 1
-                    self.on_plain(self._take())
+                    line = self._take()
+                    if line.startswith(MAGIC + " ") and self.on_refused is not None:
+                        # only flow code writes such a line on the frame channel
+                        self.on_refused(FrameRefused(f"a frame line over the {self.max_line}-byte limit"))
+                    else:
+                        self.on_plain(line)
                 return
             if self._buffered:
                 self._pieces.append(text[:newline])
@@ -378,7 +447,13 @@ class FrameReader:
         return line
 
     def _line(self, line: str) -> None:
-        frame = self._authenticate(line.rstrip("\r"))
+        try:
+            frame = self._authenticate(line.rstrip("\r"))
+        except FrameRefused as refused:
+            self.rejected += 1
+            if self.on_refused is not None:
+                self.on_refused(refused)
+            return
         if frame is None:
             if line.strip():
                 self.on_plain(line)
@@ -388,26 +463,35 @@ class FrameReader:
     def _authenticate(self, line: str) -> dict[str, Any] | None:
         if not line.startswith(MAGIC + " "):
             return None
-        parts = line.split(" ", 3)
-        if len(parts) != 4:
+        parts = line.split(" ", 4)
+        if len(parts) != 5:
             self.rejected += 1
             return None
-        _, seq_text, mac, body = parts
+        _, seq_text, mac, kind, body = parts
         if seq_text != str(self.next_seq) or len(mac) != MAC_HEX:
             self.rejected += 1
             return None
-        if not hmac.compare_digest(mac, frame_mac(self.key, self.next_seq, body)):
+        if not hmac.compare_digest(mac, frame_mac(self.key, self.next_seq, kind, body)):
             self.rejected += 1
             return None
+        self.next_seq += 1  # authentic: from here on, a bad frame fails the run
+        shown = repr(kind[:40])
+        limit = FRAME_LIMITS.get(kind)
+        if limit is None:
+            raise FrameRefused(f"a frame of unknown type {shown}")
+        if len(body) > limit:
+            raise FrameRefused(f"a {shown} frame of {len(body)} bytes, over its {limit}-byte limit")
+        if decode_cost(body) > decode_budget(body):
+            raise FrameRefused(
+                f"a {shown} frame of {len(body)} bytes that would take more than "
+                f"{decode_budget(body)} bytes to decode (mostly structure)"
+            )
         try:
             frame = json.loads(body)
         except ValueError:
-            self.rejected += 1
-            return None
-        if not isinstance(frame, dict) or not isinstance(frame.get("t"), str):
-            self.rejected += 1
-            return None
-        self.next_seq += 1
+            raise FrameRefused(f"a {shown} frame that is not JSON") from None
+        if not isinstance(frame, dict) or frame.get("t") != kind:
+            raise FrameRefused(f"a {shown} frame whose body names another type")
         return frame
 
 

@@ -283,9 +283,11 @@ class SandboxBridge:
                 fields["python_code"] = program
             elif not str(fields.get("command") or "").strip():  # else the node runs its command
                 raise BridgeRefusal("the node's Python Code is fed by an edge, but the request has none")
+        live = self.graph is not None and not isinstance(self.graph, (str, bytes, Mapping))
         identity = {
             "flow_id": flow_id or None,
-            "user_id": self.spec.get("user_id"),
+            # the end user where Langflow serves the run to one (the host's graph knows it)
+            "user_id": sandbox_run.run_owner(self.graph if live else None, self.spec.get("user_id")),
             "session_id": self.spec.get("session_id"),
         }
         vertex = str(frame.get("vertex"))

@@ -79,6 +79,18 @@ class Endpoint:
     lock: threading.Lock = field(default_factory=threading.Lock)
     preflight_ok: bool = False
     shapes: tuple[tuple[int, str], ...] | None = None  # (mem_mib, id), ascending
+    # the isolation the control plane's guests have, from its whoami (None: not asked yet).
+    # CreateOS says nothing (microVMs); createos-local says "namespaces" (or "none").
+    isolation: str | None = None
+
+
+def plane_isolation(whoami: object) -> str:
+    """The isolation of a control plane's guests from its whoami answer: createos-local names
+    its own ("namespaces", "none"); CreateOS names none, and runs microVMs."""
+    stated = whoami.get("isolation") if isinstance(whoami, dict) else None
+    if isinstance(stated, str) and stated.strip():
+        return "".join(ch for ch in stated.strip()[:32] if ch.isalnum() or ch in "-_") or "unknown"
+    return "hardware-virtualized"
 
 
 class _Endpoints:

@@ -37,6 +37,19 @@ _TRUE = frozenset({"1", "true", "yes", "on", "y", "t"})
 _FALSE = frozenset({"0", "false", "no", "off", "n", "f"})
 
 
+# Variables that hold a control-plane key: never forwarded into a guest. createos-local's own
+# key is one (docs export it with the same value as CREATEOS_SANDBOX_API_KEY).
+CREDENTIAL_VARIABLES = frozenset({"CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY", "CREATEOS_LOCAL_API_KEY"})
+
+
+def _holds_the_key(value: str | None, environ: Mapping[str, str]) -> bool:
+    """Whether `value` is (or contains) the API key this process uses."""
+    if not value:
+        return False
+    keys = (environ.get(name, "").strip() for name in ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY"))
+    return any(key and len(key) >= 8 and key in value for key in keys)
+
+
 class SettingsError(ValueError):
     """A setting has a value the plugin cannot use. The message names the fix."""
 
@@ -283,6 +296,12 @@ def accept_egress_exceptions(environ: Mapping[str, str] | None = None) -> bool:
     return parse_bool("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", False, environ)
 
 
+def accept_local_isolation(environ: Mapping[str, str] | None = None) -> bool:
+    """CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION: run the backend on a control plane whose guests
+    are not microVMs (createos-local: Linux namespaces on a shared kernel), for tests and demos."""
+    return parse_bool("CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION", False, environ)
+
+
 # A reused guest (Guest Reuse = flow or session) idle longer than this is deleted: at its
 # next use, by the sweep that runs with reused runs, and by `createos-langflow reap --idle`.
 DEFAULT_REUSE_IDLE_SECONDS = 3600
@@ -371,9 +390,16 @@ def executor_settings(environ: Mapping[str, str] | None = None) -> ExecutorSetti
     for name in env_names:
         if not name.replace("_", "a").isalnum() or name[0].isdigit():
             raise SettingsError(f"CREATEOS_EXECUTOR_ENV: {name!r} is not an environment variable name.")
-        if name in ("CREATEOS_SANDBOX_API_KEY", "CREATEOS_API_KEY"):
+        if name in CREDENTIAL_VARIABLES:
             raise SettingsError(
-                f"CREATEOS_EXECUTOR_ENV must not forward {name}: the control-plane key never enters a guest."
+                f"CREATEOS_EXECUTOR_ENV must not forward {name}: it holds a control-plane key, which never "
+                "enters a guest. Remove it from CREATEOS_EXECUTOR_ENV."
+            )
+        if _holds_the_key(_env(environ).get(name), _env(environ)):
+            raise SettingsError(
+                f"CREATEOS_EXECUTOR_ENV must not forward {name}: its value is the CreateOS API key "
+                "(CREATEOS_SANDBOX_API_KEY / CREATEOS_API_KEY), which never enters a guest. Remove it "
+                "from CREATEOS_EXECUTOR_ENV."
             )
     pip = raw("CREATEOS_EXECUTOR_PIP", environ)
     return ExecutorSettings(

@@ -128,6 +128,9 @@ export CREATEOS_SANDBOX_API_KEY CREATEOS_SANDBOX_BASE_URL
 # --- 3. Langflow -----------------------------------------------------------------------------------
 export LANGFLOW_SANDBOX_BACKEND_PLUGINS=createos LANGFLOW_SANDBOX_BACKEND=createos
 if [ "$LOCAL_PLANE" = 1 ]; then
+  export CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION=true
+  say "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION=true: createos-local's guests are Linux namespaces on this"
+  say "  machine's kernel, not microVMs; the backend tells lfx so, and lfx refuses, unless this accepts it."
   export LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true
   say "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true: with egress off a CreateOS guest can still"
   say "  reach 169.254.0.0/16 (the metadata range), so the backend refuses to run until you acknowledge it."
@@ -154,7 +157,8 @@ export LANGFLOW_AUTO_LOGIN=${LANGFLOW_AUTO_LOGIN:-true}
   {
     echo "# written by make run for createos-langflow --env-file; holds the control plane's key"
     for name in CREATEOS_SANDBOX_API_KEY CREATEOS_SANDBOX_BASE_URL LANGFLOW_SANDBOX_BACKEND_PLUGINS \
-      LANGFLOW_SANDBOX_BACKEND LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS LANGFLOW_EXECUTOR_KIND \
+      LANGFLOW_SANDBOX_BACKEND LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION \
+      LANGFLOW_EXECUTOR_KIND \
       CREATEOS_EXECUTOR_ROOTFS CREATEOS_EXECUTOR_WARM_POOL; do
       if [ -n "${!name:-}" ]; then printf 'export %s=%q\n' "$name" "${!name}"; fi
     done

@@ -42,4 +42,7 @@ def createos_env(monkeypatch: pytest.MonkeyPatch, control_plane: LocalControlPla
     monkeypatch.setenv("CREATEOS_SANDBOX_API_KEY", control_plane.api_key)
     monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", control_plane.url)
     monkeypatch.setenv("CREATEOS_EXECUTOR_ROOTFS", TEMPLATE_NAME)
+    # createos-local's guests are namespaces, not microVMs: the backend refuses them unless
+    # told that is accepted (tests/backend/test_isolation_report.py checks the refusal)
+    monkeypatch.setenv("CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION", "true")
     return control_plane

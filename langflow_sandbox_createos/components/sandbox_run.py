@@ -129,10 +129,12 @@ exit "$rc"
 
 Mode = Literal["python", "command"]
 REUSE_MODES = ("off", "flow", "session")
+# Langflow's namespace for an anonymous end user's run (lfx.workflow.end_user_identity)
+_ANONYMOUS_SESSION_PREFIX = "anon::"
 NO_OWNER_NOTICE = (
-    "Guest Reuse is on, but this run has no Langflow user id (or, for session reuse, no session id), "
-    "so a reused guest could be shared with anyone else who runs the flow without one: it ran on a "
-    "fresh guest, deleted afterwards."
+    "Guest Reuse is on, but this run has no Langflow user id (or, for session reuse, no session id; "
+    "an anonymous end user of a served flow has neither), so a reused guest could be shared with "
+    "anyone else who runs the flow without one: it ran on a fresh guest, deleted afterwards."
 )
 SWEEP_INTERVAL_SECONDS = 60.0  # at most one sweep of idle reused guests per process per minute
 SWEEP_MAX_DELETES = 50
@@ -319,6 +321,24 @@ def build_request(
         flow_id=str(flow_id or "noflow"),
         component_id=component_id,
     )
+
+
+def run_owner(graph: Any, user_id: object) -> object:
+    """Whom a run belongs to for Guest Reuse, by Langflow's own rule for chat history
+    (lfx's `resolve_message_owner_id`): the serving plane's end user when Langflow serves the
+    run to one (`graph.end_user_id`), else the authenticated user. None for an anonymous
+    caller of an end-user deployment (Langflow runs it in a random, non-persisting `anon::`
+    session): such a run never shares a guest with anyone."""
+    end_user = getattr(graph, "end_user_id", None) if graph is not None else None
+    if end_user:
+        from lfx.memory.flow_context import resolve_message_owner_id
+
+        owner = resolve_message_owner_id(graph)
+        return f"end-user:{owner}" if owner is not None else None
+    session = str(getattr(graph, "session_id", None) or "") if graph is not None else ""
+    if session.startswith(_ANONYMOUS_SESSION_PREFIX):
+        return None
+    return user_id
 
 
 def reuse_owner(mode: str, user_id: object, session_id: object) -> tuple[str, ...] | None:

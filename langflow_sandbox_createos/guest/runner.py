@@ -9,12 +9,13 @@ private, non-inheritable descriptor reserved for frames, and fd 1 (plus
 `sys.stdout`) is pointed at stderr. So `print()`, logging and child processes of the
 flow all land on the exec's stderr stream. Each frame is one line
 
-    LFXF1 <seq> <mac> <json>
+    LFXF2 <seq> <mac> <type> <json>
 
-where `mac` is HMAC-SHA256 over "<seq> <json>" keyed with the per-run secret that
+where `mac` is HMAC-SHA256 over "<seq> <type> <json>" keyed with the per-run secret that
 arrived on stdin (never in argv or the environment), and `seq` counts up from 0.
 The host accepts a line only if the sequence number is the next one and the MAC
-matches; anything else is plain output. See docs/executor.md for the threat model.
+matches; anything else is plain output. The type stands before the JSON so the host can
+hold each type to its own size limit before it decodes anything. See docs/executor.md for the threat model.
 
 Only the standard library is used until lfx has been found (or installed).
 """
@@ -33,7 +34,7 @@ import time
 import traceback
 from typing import Any
 
-MAGIC = "LFXF1"
+MAGIC = "LFXF2"
 TIMEOUT_EXIT = 124
 EXIT_NO_LFX = 3
 EXIT_INSTALL_FAILED = 4
@@ -61,10 +62,10 @@ class Frames:
         try:
             seq = self._seq
             self._seq += 1
-            mac = hmac.new(self._key, f"{seq} {body}".encode(), hashlib.sha256).hexdigest()[:32]
+            mac = hmac.new(self._key, f"{seq} {kind} {body}".encode(), hashlib.sha256).hexdigest()[:32]
             # The leading newline ends any partial line flow code may have written to this
             # descriptor, so it cannot glue itself onto (and spoil) a real frame.
-            data = f"\n{MAGIC} {seq} {mac} {body}\n".encode()
+            data = f"\n{MAGIC} {seq} {mac} {kind} {body}\n".encode()
             view = memoryview(data)
             while view:
                 written = os.write(self._fd, view)
@@ -287,9 +288,11 @@ def _relay_event_manager(frames: Frames, names: list[str]) -> Any:
 
 
 class _Memory:
-    """Chat memory inside the guest: the host's messages for this session (seeded from the
-    spec) plus the ones this run stores. Each store/update/delete is also sent to the host
-    as a frame, and the host performs it on its own memory (Langflow's database)."""
+    """Chat memory inside the guest. Each store/update/delete is sent to the host as a frame,
+    and the host performs it on its own memory (Langflow's database); a history read asks the
+    host (with a reply directory), so the guest sees exactly what the host holds, and nothing
+    of it until a component reads it. Without a reply directory (an older host), reads answer
+    from what this run stored."""
 
     def __init__(
         self, frames: Frames, seed: list[Any], stamp_run_id: bool = False, reply_dir: str | None = None
@@ -305,9 +308,14 @@ class _Memory:
 
     async def _host_id(self, number: int) -> Any:
         """The id the host's memory gave stored message `number` (uploaded by the host)."""
+        answer = await self._answer(f"reply-{number}")
+        return answer.get("id") if isinstance(answer, dict) else None
+
+    async def _answer(self, name: str) -> Any:
+        """The host's answer `name` in the reply directory, once it is there (read once)."""
         import asyncio
 
-        path = f"{self.reply_dir}/reply-{number}"
+        path = f"{self.reply_dir}/{name}"
         deadline = time.monotonic() + REPLY_WAIT_SECONDS
         while time.monotonic() < deadline:
             try:
@@ -317,8 +325,8 @@ class _Memory:
                 await asyncio.sleep(REPLY_POLL_SECONDS)
                 continue
             os.unlink(path)
-            return answer.get("id") if isinstance(answer, dict) else None
-        raise RuntimeError(f"the host did not confirm a stored message within {REPLY_WAIT_SECONDS} s")
+            return answer
+        raise RuntimeError(f"the host did not answer {name} within {REPLY_WAIT_SECONDS} s")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stubs, name)
@@ -368,8 +376,20 @@ class _Memory:
         order: Any = "DESC",
         flow_id: Any = None,
         limit: Any = None,
-        user_id: Any = None,  # the host seeded only this user's messages
+        user_id: Any = None,  # the host reads the run's owner's messages, whatever is asked
     ) -> list[Any]:
+        if self.reply_dir:
+            return await self._host_history(
+                sender=sender,
+                sender_name=sender_name,
+                session_id=session_id,
+                context_id=context_id,
+                order_by=order_by,
+                order=order,
+                flow_id=flow_id,
+                limit=limit,
+            )
+
         def keep(m: Any) -> bool:
             return (
                 (sender is None or m.sender == sender)
@@ -384,6 +404,17 @@ class _Memory:
         if limit:
             found = found[: int(limit)]
         return found
+
+    async def _host_history(self, **filters: Any) -> list[Any]:
+        from lfx.schema.message import Message
+
+        self.asked += 1
+        number = self.asked
+        sent = {k: str(v) for k, v in filters.items() if v is not None and k != "limit"}
+        limit = filters.get("limit")
+        self.frames.emit("history", reply=number, limit=int(limit) if limit else None, **sent)
+        answer = await self._answer(f"history-{number}")
+        return [Message.model_validate(m) for m in (answer or {}).get("messages") or []]
 
 
 def _install_memory(frames: Frames, seed: list[Any], stamp_run_id: bool, reply_dir: str | None) -> None:
@@ -478,11 +509,10 @@ def _replace_everywhere(module_name: str, attr: str, replacement: Any) -> None:
     module = importlib.import_module(module_name)
     original = getattr(module, attr)
     for loaded in list(sys.modules.values()):
-        try:
-            if getattr(loaded, attr, None) is original:
-                setattr(loaded, attr, replacement)
-        except Exception:  # an odd module object: not one of lfx's
-            continue
+        # the module's own names only: a module-level __getattr__ (langchain's) must not run
+        names = getattr(loaded, "__dict__", None)
+        if isinstance(names, dict) and names.get(attr) is original:
+            names[attr] = replacement
 
 
 def _install_sandbox_bridge(frames: Frames, view: dict[str, Any], reply_dir: str | None) -> None:
@@ -1055,7 +1085,7 @@ def _run(frames: Frames, spec: dict[str, Any]) -> None:
             raise
         frames.emit(
             "fatal",
-            error=f"{type(exc).__name__}: {exc}",
+            error=_tail(f"{type(exc).__name__}: {exc}", TEXT_MAX),
             missing_module=_missing_module(exc),
             traceback=_tail("".join(traceback.format_exception(exc)), TEXT_MAX),
         )

@@ -298,7 +298,11 @@ def build_app(plane: Plane) -> ASGIApp:
             "other": len(live) - running - paused,
             "total": len(live),
         }
-        return success({"user_id": "local-user", "name": "createos-local", "stats": counts})
+        # what the guests really are, so a client can tell (the real service says nothing: microVMs)
+        isolation = "namespaces" if plane.config.isolation else "none"
+        return success(
+            {"user_id": "local-user", "name": "createos-local", "isolation": isolation, "stats": counts}
+        )
 
     async def shapes(request: Request) -> Response:
         return success(_paginated([s.as_json() for s in SHAPES.values()], request))

@@ -28,6 +28,7 @@ BACKEND_VARS = (
     "CREATEOS_SANDBOX_SHAPE",
     "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
     "CREATEOS_SANDBOX_WARM_POOL",
+    "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION",
 )
 
 
@@ -39,6 +40,7 @@ def clean_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in BACKEND_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
+    monkeypatch.setenv("CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION", "true")  # createos-local
     monkeypatch.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "30")
 
 

@@ -36,6 +36,7 @@ def test_factory_does_no_io_and_reads_no_settings(monkeypatch: pytest.MonkeyPatc
 
 def test_capabilities_are_lfx_capabilities(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
+    monkeypatch.setenv("CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION", "true")  # createos-local
     caps = create_backend().capabilities()
     assert type(caps) is Capabilities
     assert caps.isolation == "hardware-virtualized"

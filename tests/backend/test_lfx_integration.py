@@ -85,6 +85,7 @@ def _base_env(cp: Any, tmp_path: Path) -> dict[str, str]:
         CREATEOS_SANDBOX_API_KEY=cp.api_key,
         CREATEOS_SANDBOX_BASE_URL=cp.url,
         LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS="true",
+        CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION="true",  # createos-local
     )
     return env
 

@@ -32,6 +32,7 @@ def env(monkeypatch: pytest.MonkeyPatch, createos_env, cp):
     monkeypatch.setenv("LANGFLOW_SANDBOX_BACKEND_PLUGINS", "createos")
     monkeypatch.setenv("LANGFLOW_SANDBOX_BACKEND", "createos")
     monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
+    monkeypatch.setenv("CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION", "true")  # createos-local
     return monkeypatch
 
 
@@ -259,3 +260,18 @@ def test_executor_without_a_backend_says_the_interpreter_is_restricted(env, caps
         "restricted mode inside the guest"
         in check(report, "executor with the backend and component")["detail"]
     )
+
+
+def test_isolation_is_reported_as_it_is(env, capsys):
+    """createos-local's guests are namespaces on a shared kernel: doctor says so, and fails the
+    backend until CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION=true accepts it (issue 27)."""
+    _, report = run_doctor(capsys)
+    accepted = check(report, "isolation")
+    assert (
+        accepted["ok"] is None and "'namespaces'" in accepted["detail"] and "accepts it" in accepted["detail"]
+    )
+    env.delenv("CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION")
+    code, report = run_doctor(capsys)
+    refused = check(report, "isolation")
+    assert code == 1 and refused["ok"] is False and "not microVMs" in refused["detail"]
+    assert "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION=true" in refused["fix"]

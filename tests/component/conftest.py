@@ -5,6 +5,7 @@ inside a real lfx Graph the way Langflow runs a flow (a new graph per run)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ def run_flow(
     user_id: str | None = USER_ID,
     session_id: str | None = None,
     principal: Any = None,
+    end_user_id: str | None = None,
     **params: Any,
 ) -> FlowRun:
     """One flow run: a fresh component instance in a fresh Graph, as Langflow builds them
@@ -97,6 +99,8 @@ def run_flow(
         graph.session_id = session_id
     if principal is not None:  # Langflow stamps each served run with its execution principal
         graph.execution_principal = principal
+    if end_user_id is not None:  # ... and, serving to end users, the gateway's end-user id
+        graph.end_user_id = end_user_id
 
     async def go() -> None:
         async for _ in graph.async_start():
@@ -124,3 +128,34 @@ def wait_status(sandbox_id: str, status: str, timeout: float = 10.0) -> dict[str
         if record["status"] == status or time.monotonic() > deadline:
             return record
         time.sleep(0.05)
+
+
+class StallWatch:
+    """A thread that wakes every `period` seconds and records how late it woke: the longest
+    gap shows whether something held every thread of the process (the GIL) meanwhile."""
+
+    def __init__(self, period: float = 0.02) -> None:
+        self.period = period
+        self.gaps: list[float] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+
+    def _tick(self) -> None:
+        last = time.monotonic()
+        while not self._done.is_set():
+            time.sleep(self.period)
+            now = time.monotonic()
+            self.gaps.append(now - last)
+            last = now
+
+    @property
+    def longest(self) -> float:
+        return max(self.gaps, default=0.0)
+
+    def __enter__(self) -> StallWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()

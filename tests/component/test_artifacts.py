@@ -16,6 +16,8 @@ import pytest
 from langflow_sandbox_createos import artifacts
 from langflow_sandbox_createos.artifacts import extract, sanitize_member_path
 
+from .conftest import StallWatch
+
 
 def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
     raw = io.BytesIO()
@@ -152,12 +154,41 @@ def test_gzip_bomb_costs_at_most_the_budget() -> None:
     assert "declares an entry of 4294967296 bytes, beyond the 7 MiB" in out.message
 
 
-def test_header_data_tarfile_reads_itself_stops_at_the_budget() -> None:
-    # a GNU long name is read by tarfile, not by a member read: the reader's budget stops it
+def test_header_data_tarfile_reads_itself_stops_at_the_header_check() -> None:
+    # a GNU long name is read by tarfile, not by a member read: the header check (before
+    # tarfile) stops it, as the budget did before it (and would still: it is 9 MiB)
     archive = _tar([_file("./ok", b"ok"), _file("n" * (9 * 1024 * 1024), b"x")])
     out = extract(archive)
-    assert out.truncated and "expands to more than 7 MiB" in out.message
+    assert out.truncated and f"of {9 * 1024 * 1024 + 1} bytes, over the 8192 allowed" in out.message
     assert [f.path for f in out.files] == ["ok"]
+
+
+def _pax_quadratic(digits: int) -> bytes:
+    """CVE-2024-6232's shape: a pax header of `digits` digits, which tarfile's pax parser
+    (CPython < 3.11.10 / 3.12.6) takes time quadratic in, holding the GIL."""
+    header = tarfile.TarInfo("././@PaxHeader")
+    header.type = tarfile.XHDTYPE
+    header.size = digits
+    raw = header.tobuf(format=tarfile.USTAR_FORMAT) + b"1" * digits + b"\0" * (-digits % 512 + 1024)
+    return gzip.compress(raw)
+
+
+def test_a_quadratic_pax_header_is_refused_before_tarfile_parses_it() -> None:
+    archive = _pax_quadratic(150_000)
+    assert len(archive) < 300  # the review's 248 bytes
+    with StallWatch(period=0.01) as watch:
+        out = _extract_in_thread(archive)
+    assert watch.longest < 1.0, watch.longest  # 64.7 s of every thread before (at this size)
+    assert out.files == [] and out.truncated
+    assert "extended tar header (pax record or GNU long name) of 150000 bytes" in out.message
+    # a pax header of an ordinary size still works: a long name tarfile writes as pax
+    long_name = "d/" * 1500 + "f.txt"
+    info = tarfile.TarInfo(long_name)
+    info.size = 2
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(b"ok"))
+    assert [f.path for f in extract(buffer.getvalue()).files] == [long_name]
 
 
 def test_bounded_reader_stops_at_budget() -> None:

@@ -38,6 +38,26 @@ def scoped(reuse_env: LocalControlPlane) -> Iterator[LocalControlPlane]:
     sandbox_run.sweeper.reset()
 
 
+def test_end_users_of_one_served_flow_get_their_own_guest(
+    component_cls: type, scoped: LocalControlPlane
+) -> None:
+    """Issue 27: Langflow serves a flow to end users under the flow owner's user id, stamping
+    `graph.end_user_id`; reuse was keyed on the owner, so every end user landed on one guest."""
+    carol = visit(component_cls, "carol", user_id=ALICE, end_user_id="carol@gateway")
+    dave = visit(component_cls, "dave", user_id=ALICE, end_user_id="dave@gateway")
+    assert carol["sandbox_id"] != dave["sandbox_id"], (carol, dave)
+    assert dave["result"] == "visitor-dave"  # not Carol's file
+    again = visit(component_cls, "carol", user_id=ALICE, end_user_id="carol@gateway")
+    assert again["sandbox_id"] == carol["sandbox_id"] and again["result"] == "visitor-carol"
+    owner = visit(component_cls, "alice", user_id=ALICE)  # the owner on the canvas: a guest of her own
+    assert owner["sandbox_id"] not in (carol["sandbox_id"], dave["sandbox_id"])
+    # an anonymous end user (Langflow's random anon:: session) never reuses, never shares
+    for _ in range(2):
+        anon = visit(component_cls, "anon", user_id=ALICE, session_id="anon::5f1d0c")
+        assert anon["reused_guest"] is False and "no Langflow user id" in anon["reuse_notice"], anon
+        assert anon["result"] == "visitor-anon"
+
+
 def _paused_and_idle(sandbox_id: str, seconds: float) -> None:
     """Pause the guest (what auto-pause does after its window) and let `seconds` pass."""
     client().pause(sandbox_id)

@@ -12,7 +12,7 @@ from lfx.exceptions.component import ComponentBuildError
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-from .conftest import FlowRun, all_ids, run_flow
+from .conftest import FlowRun, StallWatch, all_ids, run_flow
 
 # The program plants a fifo where the wrapper writes the archive and leaves a child behind.
 # The child waits until the wrapper's archive step is blocked opening the fifo, renames a
@@ -56,6 +56,21 @@ print("planted", os.path.getsize(run + "/crafted"))
 """
 
 
+# The same swap, with CVE-2024-6232's archive: a pax header of 150,000 digits, 248 bytes of
+# gzip, which tarfile's pax parser (CPython < 3.11.10 / 3.12.6) takes ~65 s for, holding the GIL.
+PAX_SWAPPER = SWAPPER.replace(
+    """header = tarfile.TarInfo(sys.argv[1] if len(sys.argv) > 1 else "./huge.bin")
+header.size = 10**15
+with open(run + "/crafted", "wb") as f:
+    f.write(gzip.compress(header.tobuf(format=tarfile.GNU_FORMAT)))""",
+    """header = tarfile.TarInfo("././@PaxHeader")
+header.type = tarfile.XHDTYPE
+header.size = 150000
+with open(run + "/crafted", "wb") as f:
+    f.write(gzip.compress(header.tobuf(format=tarfile.USTAR_FORMAT) + b"1" * 150000 + bytes(1424)))""",
+)
+
+
 def _run_in_thread(fn: Any, seconds: float) -> FlowRun:
     box: list[Any] = []
     worker = threading.Thread(target=lambda: box.append(fn()), daemon=True)
@@ -82,6 +97,27 @@ def test_crafted_archive_returns_promptly_with_a_note_and_no_guest(
     assert run.results["artifact_count"] == 0 and len(run.files) == 0
     [sandbox_id] = all_ids(env) - before
     assert run.results["sandbox_id"] == sandbox_id
+    assert env.wait_until_no_live(timeout=10.0) == []
+
+
+def test_a_quadratic_pax_archive_never_stalls_the_host(component_cls: type, env: LocalControlPlane) -> None:
+    """Issue 27: the 248-byte archive froze every thread of the Langflow process for 64.7 s."""
+    assert PAX_SWAPPER != SWAPPER
+    with StallWatch() as watch:
+        run = _run_in_thread(
+            lambda: run_flow(
+                component_cls, python_code=PAX_SWAPPER, collect_artifacts=True, timeout_seconds=30
+            ),
+            180,
+        )
+    assert run.results["exit_code"] == 0, run.results
+    assert int(run.results["result"].split()[1]) < 300  # the whole crafted archive
+    assert watch.longest < 1.0, watch.longest
+    assert (
+        "extended tar header (pax record or GNU long name) of 150000 bytes"
+        in run.results["artifacts_message"]
+    )
+    assert run.results["artifact_count"] == 0
     assert env.wait_until_no_live(timeout=10.0) == []
 
 

@@ -188,6 +188,7 @@ class Lane:
             "CREATEOS_SANDBOX_API_KEY": self.plane.api_key,
             "CREATEOS_SANDBOX_BASE_URL": self.plane.url,
             "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": "true",
+            "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION": "true",  # createos-local
             "LANGFLOW_SANDBOX_TIMEOUT_SECONDS": "30",
             "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS": "15",
             "CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "180",

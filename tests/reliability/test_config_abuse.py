@@ -103,6 +103,7 @@ def env(plane: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("CREATEOS_SANDBOX_API_KEY", plane.api_key)
     monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", plane.url)
     monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
+    monkeypatch.setenv("CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION", "true")  # createos-local
     plane.clear_faults()
     yield plane
     plane.clear_faults()

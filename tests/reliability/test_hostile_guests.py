@@ -52,6 +52,7 @@ def env(plane: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("CREATEOS_SANDBOX_API_KEY", plane.api_key)
     monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", plane.url)
     monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
+    monkeypatch.setenv("CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION", "true")  # createos-local
     monkeypatch.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "30")
     monkeypatch.setenv("CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS", "30")
     monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "180")

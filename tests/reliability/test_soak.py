@@ -201,6 +201,7 @@ def soak_plane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         "CREATEOS_SANDBOX_API_KEY": plane.api_key,
         "CREATEOS_SANDBOX_BASE_URL": plane.url,
         "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS": "true",
+        "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION": "true",  # createos-local
         "LANGFLOW_SANDBOX_TIMEOUT_SECONDS": "5",
         "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS": "5",
         "CREATEOS_EXECUTOR_TIMEOUT_SECONDS": "45",

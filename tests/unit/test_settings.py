@@ -72,6 +72,25 @@ def test_backend_bad_values_name_the_variable(name, value, message):
         ({"CREATEOS_EXECUTOR_INSTALL_LFX": "perhaps"}, "is not a boolean"),
         ({"CREATEOS_EXECUTOR_ENV": "1BAD"}, "not an environment variable name"),
         ({"CREATEOS_EXECUTOR_ENV": "OPENAI_API_KEY,CREATEOS_SANDBOX_API_KEY"}, "never enters a guest"),
+        # issue 27: createos-local's own key, exported with the same value by the docs
+        ({"CREATEOS_EXECUTOR_ENV": "CREATEOS_LOCAL_API_KEY"}, "must not forward CREATEOS_LOCAL_API_KEY"),
+        # any variable whose value is (or holds) the API key, whatever its name
+        (
+            {
+                "CREATEOS_SANDBOX_API_KEY": "sk-live-123456789",
+                "MY_COPY": "Bearer sk-live-123456789",
+                "CREATEOS_EXECUTOR_ENV": "OPENAI_API_KEY,MY_COPY",
+            },
+            "must not forward MY_COPY: its value is the CreateOS API key",
+        ),
+        (
+            {
+                "CREATEOS_API_KEY": "fallback-key-000",
+                "LEAK": "fallback-key-000",
+                "CREATEOS_EXECUTOR_ENV": "LEAK",
+            },
+            "must not forward LEAK",
+        ),
     ],
 )
 def test_executor_bad_values(env, message):

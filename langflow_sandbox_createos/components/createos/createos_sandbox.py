@@ -135,7 +135,7 @@ class CreateOSSandboxComponent(Component):
         user_id = getattr(self, "_user_id", None)  # set by Langflow, or by a caller without a graph
         if getattr(self, "_vertex", None) is not None:
             flow_id = self.graph.flow_id
-            user_id = self.user_id
+            user_id = sandbox_run.run_owner(self.graph, self.user_id)  # the end user, where served to one
             session_id = self.graph.session_id
         return sandbox_run.build_request(
             fields, component_id=str(self._id), flow_id=flow_id, user_id=user_id, session_id=session_id

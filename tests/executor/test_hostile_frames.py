@@ -1,0 +1,85 @@
+"""Flow code that learnt the frame secret (it shares the runner's process) cannot make the
+host decode or keep more than the frame limits allow, nor change state beyond its own run
+(issue 27). Measured on the host's peak RSS, four hostile runs at once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from lfx.utils.sandbox.base import SandboxExecutionError
+
+from langflow_sandbox_createos import executor, executor_protocol
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+from .conftest import drain, middle_graph
+from .flow_components.frame_flooder import FrameFlooder
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
+MIB = 1024 * 1024
+
+
+def _unit(attack: str) -> Any:
+    from lfx.execution.types import Unit
+
+    return Unit(graph=middle_graph(FrameFlooder, "flood", attack=attack), inputs=[{"input_value": "x"}])
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        line = next(line for line in fh if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as fh:  # 5: reset the peak RSS (VmHWM) to now
+        fh.write("5")
+
+
+async def _outcome(attack: str) -> str:
+    try:
+        items = await drain(CreateOSExecutor().execute(_unit(attack)))
+    except SandboxExecutionError as exc:
+        return str(exc)
+    return f"completed with {type(items[-1]).__name__}"
+
+
+async def test_four_hostile_runs_at_once_keep_host_memory_bounded(executor_env: Any) -> None:
+    """One run of a dense 6 MiB frame once cost the host about +350 MiB (16 MiB: +354 MiB;
+    four runs: +916 MiB). The frame is refused before json.loads: its estimated decode cost
+    is over DECODE_FACTOR x its size."""
+    await _outcome("ready")  # warm caches and imports, so the peak below is the attack's
+    _reset_peak()
+    before = _status("VmRSS")
+    outcomes = await asyncio.gather(*(_outcome(a) for a in ("dense", "dense", "huge", "unknown")))
+    growth = _status("VmHWM") - before
+    assert "would take more than" in outcomes[0] and "'outputs' frame" in outcomes[0], outcomes[0]
+    assert "would take more than" in outcomes[1]
+    # a line over every limit is never buffered whole: refused as it grows past the cap
+    assert "a frame line over the" in outcomes[2], outcomes[2]
+    assert "a frame of unknown type 'mystery'" in outcomes[3], outcomes[3]
+    # per run: a frame line being read (at most MAX_FRAME_LINE, held twice while joined), and
+    # no decode (every frame here is refused): 4 x 2 x ~8 MiB, plus the client's own buffers.
+    # Measured: +87 MiB here, +2,932 MiB on d5bde57 (same flooder, same four runs).
+    limit = 128 * MIB
+    assert growth < limit, f"host peak RSS grew {growth / MIB:.0f} MiB for four hostile runs"
+
+
+async def test_a_forged_ready_frame_changes_nothing_beyond_its_run(executor_env: Any) -> None:
+    executor.guest_knowledge.clear()
+    outcome = await _outcome("ready")
+    assert "second 'ready' frame" in outcome, outcome
+    # the real ready (written before any flow code ran) recorded the real version, not 9.9.9
+    recorded = executor.guest_knowledge._lfx  # type: ignore[attr-defined]
+    assert all(version is None or "9.9.9" not in version for version in recorded.values()), recorded
+
+
+def test_each_frame_type_has_a_limit_and_the_line_cap_follows() -> None:
+    limits = executor_protocol.FRAME_LIMITS
+    assert max(limits.values()) <= 8 * MIB
+    assert executor_protocol.MAX_FRAME_LINE < 9 * MIB
+    dense = "[" + ",".join(["{}"] * 1000) + "]"
+    assert executor_protocol.decode_cost(dense) > executor_protocol.DECODE_FACTOR * len(dense)
+    prose = '{"text": "' + "plain words, with commas, and: colons. " * 2000 + '"}'
+    assert executor_protocol.decode_cost(prose) <= executor_protocol.decode_budget(prose)
