@@ -186,7 +186,7 @@ def _check_policy(report: Report) -> Any:
                 "egress is off but 169.254.0.0/16 stays reachable; runs are refused until you acknowledge it",
                 "export LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true "
                 "(or LANGFLOW_SANDBOX_ALLOW_NETWORK=true)",
-                ("backend", "component"),
+                ("backend",),
             )
         )
     else:

@@ -337,6 +337,7 @@ def encode_outcome(outcome: Any) -> dict[str, Any]:
             "artifacts_truncated",
             "artifacts_message",
             "reuse_notice",
+            "network_notice",
         )
     }
     fields["files"] = [

@@ -131,6 +131,12 @@ Mode = Literal["python", "command"]
 REUSE_MODES = ("off", "flow", "session")
 # Langflow's namespace for an anonymous end user's run (lfx.workflow.end_user_identity)
 _ANONYMOUS_SESSION_PREFIX = "anon::"
+# Allow Network off is the deny-all rule, which CreateOS applies after accepting the link-local
+# range: the component runs (as the product page says) and says so in every such run's Results.
+NETWORK_OFF_NOTICE = (
+    f"Allow Network is off: the guest's egress is denied, except {runtime.LINK_LOCAL} (the link-local "
+    "range that carries the VM metadata service), which CreateOS accepts before the deny-all rule."
+)
 NO_OWNER_NOTICE = (
     "Guest Reuse is on, but this run has no Langflow user id (or, for session reuse, no session id; "
     "an anonymous end user of a served flow has neither), so a reused guest could be shared with "
@@ -174,6 +180,7 @@ class RunOutcome:
     artifacts_truncated: bool = False
     artifacts_message: str = ""
     reuse_notice: str = ""
+    network_notice: str = ""
 
     @property
     def error(self) -> str | None:
@@ -203,6 +210,8 @@ class RunOutcome:
             payload["artifacts_message"] = self.artifacts_message
         if self.reuse_notice:
             payload["reuse_notice"] = self.reuse_notice
+        if self.network_notice:
+            payload["network_notice"] = self.network_notice
         error = self.error
         if error is not None:
             payload["error"] = error
@@ -913,7 +922,6 @@ def run(
     if refusal:
         raise ValueError(refusal)  # before any setting is read or guest exists
     try:
-        accepted = settings.accept_egress_exceptions()
         rootfs = settings.rootfs()
         idle_limit = settings.reuse_idle_seconds()
     except SettingsError as exc:
@@ -924,7 +932,6 @@ def run(
         notice = NO_OWNER_NOTICE
         req = replace(req, reuse=False)
     max_output = _max_output_bytes()  # every setting is judged before a guest exists
-    runtime.egress_gate(req.allow_network, accepted)
     endpoint = runtime.endpoints.get()
     native = runtime._native()
     client = endpoint.client
@@ -941,15 +948,18 @@ def run(
         if req.reuse:
             budget = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
             spec = _spec(req, rootfs, egress, budget)
-            return _run_reused(
+            outcome = _run_reused(
                 client, native, req, spec, egress, max_output, on_output, phase, note, idle_limit
             )
-        spec = _spec(req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
-        outcome = _run_fresh(client, native, req, spec, max_output, on_output, phase, note)
-        outcome.reuse_notice = notice
-        return outcome
+        else:
+            spec = _spec(req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
+            outcome = _run_fresh(client, native, req, spec, max_output, on_output, phase, note)
+            outcome.reuse_notice = notice
     except native.CreateOSError as exc:
         raise runtime.to_lfx_error(exc, phase.action) from None
+    if not req.allow_network:
+        outcome.network_notice = NETWORK_OFF_NOTICE
+    return outcome
 
 
 def _spec(req: RunRequest, rootfs: str, egress: tuple[str, ...], busy_seconds: int) -> dict[str, Any]:

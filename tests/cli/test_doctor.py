@@ -113,6 +113,8 @@ def test_egress_off_without_acknowledgement(env, capsys):
     policy = check(report, "network policy")
     assert "169.254.0.0/16" in policy["detail"]
     assert "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true" in policy["fix"]
+    # the backend's acknowledgement: the component runs with Allow Network off without it
+    assert policy["surfaces"] == ["backend"], policy
 
 
 def test_network_on_needs_no_acknowledgement(env, capsys):

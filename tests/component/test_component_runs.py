@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import shlex
 import sys
 import time
 from typing import Any
@@ -12,7 +13,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableErro
 
 from langflow_sandbox_createos import artifacts
 from langflow_sandbox_createos.components import sandbox_run
-from langflow_sandbox_createos.local.testing import LocalControlPlane
+from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
 from .conftest import all_ids, client, run_flow
 
@@ -164,19 +165,32 @@ def test_files_output_alone_runs_once(component_cls: type, env: LocalControlPlan
     no_live_guests(env)
 
 
-def test_egress_gate_refuses_network_off_without_acknowledgement(
+REACH_TEST_HOST = """
+import socket, sys
+try:
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5) as conn:
+        print("ok:" + conn.recv(64).decode().strip())
+except OSError as exc:
+    print("refused:" + type(exc).__name__)
+"""
+
+
+def test_network_off_runs_without_the_acknowledgement_and_says_so(
     component_cls: type, env: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The product page: Allow Network off blocks egress. The component's default runs with no
+    LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS (that acknowledgement is the backend's),
+    its guest cannot reach a test host that an open guest reaches, and its Results name the
+    link-local range that CreateOS leaves reachable."""
     monkeypatch.delenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS")
-    before = all_ids(env)
-    with pytest.raises(
-        SandboxUnavailableError, match="LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS=true"
-    ):
-        component_cls(_id="CreateOSSandbox-gate1").run_sandbox()
-    assert all_ids(env) == before
-    # network on is not gated
-    run = run_flow(component_cls, allow_network=True, command="echo open")
-    assert run.results["result"] == "open"
+    with NamespaceHost() as host:
+        command = f"python3 -c {shlex.quote(REACH_TEST_HOST)} {host.address} {host.port}"
+        closed = run_flow(component_cls, command=command).results
+        opened = run_flow(component_cls, command=command, allow_network=True).results
+    assert closed["exit_code"] == 0 and closed["result"].startswith("refused:"), closed
+    assert opened["result"] == f"ok:{NamespaceHost.BANNER}", opened
+    assert "169.254.0.0/16" in closed["network_notice"] and "Allow Network is off" in closed["network_notice"]
+    assert "network_notice" not in opened
     no_live_guests(env)
 
 

@@ -83,6 +83,23 @@ def stream_events(text: str) -> list[str]:
     return [json.loads(chunk)["event"] for chunk in text.split("\n\n") if chunk.strip()]
 
 
+def timing_free_events(text: str) -> list[str]:
+    """The stream's event types, with the CreateOS Sandbox component's output-progress logs
+    ("[stdout] …", one per PROGRESS_LOG_INTERVAL while output streams) counted once per run:
+    how many there are depends on how fast the guest printed, on either server."""
+    events: list[str] = []
+    for chunk in text.split("\n\n"):
+        if not chunk.strip():
+            continue
+        event = json.loads(chunk)
+        if event["event"] == "log" and re.search(r'"\[(stdout|stderr)\] ', json.dumps(event.get("data"))):
+            if "log:output" not in events:
+                events.append("log:output")
+            continue
+        events.append(event["event"])
+    return events
+
+
 def machine_texts(client: Any, flow_id: str, session: str) -> list[str]:
     stored = client.request("GET", f"/api/v1/monitor/messages?flow_id={flow_id}&session_id={session}")
     return [m["text"] for m in stored if m["sender"] == "Machine"]
@@ -334,7 +351,7 @@ def run_starter(server: LangflowServer) -> dict[str, Any]:
     return {
         "texts": sorted(per_run(t) for t in texts),
         "ran_on": ran_on,
-        "events": sorted(stream_events(streamed)),
+        "events": sorted(timing_free_events(streamed)),
         "stored": sorted((m["sender"], m["sender_name"], per_run(m["text"])) for m in stored),
         "made": sorted(p for p in (prefix(sb.get("name") or "") for sb in made) if p in ("lf", "lf-c")),
         "executor_runs": len(executor_guests(server) - used_before),

@@ -45,7 +45,7 @@ VARS: tuple[Var, ...] = (
     Var("LANGFLOW_SANDBOX_MEMORY_MB", "int", ("backend",), 192),
     Var("LANGFLOW_SANDBOX_ALLOW_NETWORK", "bool", ("backend",), False),
     Var("LANGFLOW_SANDBOX_ALLOWED_DOMAINS", "domains", ("backend",), ()),
-    Var("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "bool", ("backend", *COMPONENT), False),
+    Var("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "bool", ("backend",), False),
     Var("CREATEOS_SANDBOX_ROOTFS", "rootfs", ALL, "devbox:1"),
     Var("CREATEOS_SANDBOX_SHAPE", "shape", ("backend", *COMPONENT), None),
     Var("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", "int", ALL, 16 * MiB),
