@@ -22,8 +22,10 @@ Design points (docs/performance.md has the costs):
 - **Bounded idle cost.** Each guest carries the auto-pause backstop. A pool that has not been
   used for one auto-pause window stops replacing guests that expire, so an idle process
   drains its pool instead of churning guests forever.
-- **Lifecycle.** ``shutdown()`` and process exit (atexit) delete every pooled guest. A fork
-  child forgets the parent's pool (never touching the parent's guests); it builds its own.
+- **Lifecycle.** ``shutdown()`` and process exit (atexit) delete every pooled guest. A process
+  that ends without either (killed, SIGQUIT, ``os._exit`` as gunicorn's workers do) leaves
+  them to its :mod:`pool_keeper`, which deletes every guest still pooled. A fork child
+  forgets the parent's pool (never touching the parent's guests); it builds its own.
 - **Warmers.** A pool may be given a :class:`Warmer` that prepares each new guest further
   (the executor starts its guest runner and waits until lfx is loaded) and holds a handle
   for it; a guest whose handle reports it unusable is discarded at ``take`` without a request.
@@ -42,7 +44,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from langflow_sandbox_createos import runtime
+from langflow_sandbox_createos import pool_keeper, runtime
 
 logger = logging.getLogger("langflow_sandbox_createos.warm_pool")
 
@@ -212,7 +214,9 @@ class WarmPool:
             if guest is not None:
                 self._counters["taken"] += 1
             self._wake_workers_locked()
-            return guest
+        if guest is not None:
+            _release_id(guest.sandbox_id)  # the run owns it now, and deletes it
+        return guest
 
     def note_stale(self, key: PoolKey, sandbox_id: str) -> None:
         """A guest taken from the pool was gone or paused (404/409 on its exec)."""
@@ -329,6 +333,7 @@ class WarmPool:
         try:
             view = pool.client.create(key.create_spec(name))
             sandbox_id = view["id"]
+            _hold(key, sandbox_id)
             if self._warmer is not None:
                 with self._cond:
                     self._warming[sandbox_id] = pool.client  # shutdown deletes it mid-warm-up
@@ -383,8 +388,10 @@ class WarmPool:
                 logger.debug("warm pool: discarding a handle failed", exc_info=True)
         try:
             client.delete(sandbox_id)
+            _release_id(sandbox_id)
         except Exception as exc:
             if getattr(exc, "status", None) == 404:
+                _release_id(sandbox_id)
                 ok = True
             else:
                 ok = False
@@ -460,6 +467,26 @@ def _delete_all(pool: WarmPool, doomed: list[tuple[Any, str, Any]], deadline: fl
         )
 
 
+# Which keeper holds which pooled guest (the id alone reaches _delete).
+_held: dict[str, pool_keeper.Keeper] = {}
+_held_lock = threading.Lock()
+
+
+def _hold(key: PoolKey, sandbox_id: str) -> None:
+    keeper = pool_keeper.keepers.for_endpoint(key.base_url, key.key_digest)
+    if keeper is not None:
+        with _held_lock:
+            _held[sandbox_id] = keeper
+        keeper.hold(sandbox_id)
+
+
+def _release_id(sandbox_id: str) -> None:
+    with _held_lock:
+        keeper = _held.pop(sandbox_id, None)
+    if keeper is not None:
+        keeper.release(sandbox_id)
+
+
 def env_keys(env: Mapping[str, str] | Iterable[str] | None) -> tuple[str, ...]:
     return tuple(sorted(env or ()))
 
@@ -475,6 +502,9 @@ def _shutdown_all() -> None:
 def _forget_all_after_fork() -> None:
     for pool in list(_live_pools):
         pool.forget_after_fork()
+    global _held_lock
+    _held_lock = threading.Lock()  # another thread of the parent may have held it at fork
+    _held.clear()  # the parent's keeper holds the parent's guests
 
 
 atexit.register(_shutdown_all)

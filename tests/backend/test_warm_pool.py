@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -120,6 +122,84 @@ def test_process_exit_deletes_the_pool(backend_env: Any) -> None:
     assert len(ids) == 3
     for sid in ids:
         assert sandbox_view(backend_env, sid)["status"] in ("destroying", "destroyed")
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGQUIT", "os._exit"])
+def test_a_process_that_dies_without_shutdown_leaves_no_pooled_guest(backend_env: Any, how: str) -> None:
+    """Issue 30: gunicorn's workers end through os._exit (no atexit) or die of SIGQUIT at a quick
+    shutdown; every pooled guest survived on the control plane. The keeper deletes them."""
+    script = textwrap.dedent(
+        f"""
+        import json, os, signal, sys, time
+        from langflow_sandbox_createos import pool_keeper
+        from langflow_sandbox_createos.backend import create_backend
+        backend = create_backend()
+        from langflow_sandbox_createos import runtime
+        backend.run("print(1)")
+        assert backend._pool.wait_full(20)
+        # the cold first run's guest is the run's, deleted in the background: let that finish
+        runtime.endpoints.get().client.drain_deletes(10.0)
+        [keeper] = pool_keeper.keepers._by_endpoint.values()
+        print(json.dumps({{"ids": sorted(backend._pool.ready_ids()), "keeper": keeper.pid}}), flush=True)
+        if {how!r} == "os._exit":
+            os._exit(0)
+        os.kill(os.getpid(), getattr(signal, {how!r}))
+        time.sleep(30)
+        """
+    )
+    env = dict(os.environ, CREATEOS_SANDBOX_WARM_POOL="2")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(report["ids"]) == 2, out.stderr
+    deadline = time.monotonic() + 30
+    while any(
+        sandbox_view(backend_env, sid)["status"] not in ("destroying", "destroyed") for sid in report["ids"]
+    ):
+        assert time.monotonic() < deadline, [sandbox_view(backend_env, sid) for sid in report["ids"]]
+        time.sleep(0.2)
+    while _alive(report["keeper"]):  # and then it exits
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_a_clean_exit_leaves_the_keeper_nothing_to_do(backend_env: Any) -> None:
+    """shutdown() deletes the pool itself; the keeper sees its owner end holding nothing."""
+    script = textwrap.dedent(
+        """
+        import json
+        from langflow_sandbox_createos import pool_keeper
+        from langflow_sandbox_createos.backend import create_backend
+        backend = create_backend()
+        backend.run("print(1)")
+        assert backend._pool.wait_full(20)
+        [keeper] = pool_keeper.keepers._by_endpoint.values()
+        ids = sorted(backend._pool.ready_ids())
+        backend.shutdown()
+        print(json.dumps({"ids": ids, "keeper": keeper.pid}), flush=True)
+        """
+    )
+    env = dict(os.environ, CREATEOS_SANDBOX_WARM_POOL="2")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    deadline = time.monotonic() + 30
+    while _alive(report["keeper"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert "ended without deleting" not in out.stderr, out.stderr
+    for sid in report["ids"]:
+        assert sandbox_view(backend_env, sid)["status"] in ("destroying", "destroyed")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (not yet reaped by init) has exited
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX fork")

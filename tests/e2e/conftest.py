@@ -226,6 +226,29 @@ class LangflowServer:
         return proc.returncode
 
 
+KEEPER_LINE = re.compile(
+    r"the process that pooled (\d+) guest\(s\) ended without deleting them; deleted (\d+)"
+)
+
+
+def _assert_pool_not_left_to_reap(server: LangflowServer, output: str) -> None:
+    """The executor's warm pool (lf-xw-) is the plugin's to delete, not make run's reap: the
+    gunicorn worker ends through os._exit or SIGQUIT (no atexit), so its pool keeper deletes
+    the pooled guests and says so in Langflow's log. Issue 30: they were left to reap."""
+    reaped = output.split("deleting every guest the plugin left", 1)[-1]
+    deadline = time.monotonic() + 30
+    while True:
+        log = (server.run_dir / "langflow.log").read_text(errors="replace")
+        kept = [(int(a), int(b)) for a, b in KEEPER_LINE.findall(log)]
+        if kept:
+            assert all(held == deleted for held, deleted in kept), kept
+            return
+        if "lf-xw-" not in reaped:
+            return  # deleted before the worker ended (atexit ran): nothing was left either
+        assert time.monotonic() < deadline, f"pooled guests left to make run's reap:\n{reaped[:2000]}"
+        time.sleep(0.5)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -259,6 +282,8 @@ def serve(tag: str = "", **extra_env: str) -> Iterator[LangflowServer]:
         assert not survivors, f"still running after Ctrl-C: {survivors}"
         assert "Deleted " in output and "stopping createos-local" in output, output[-3000:]
         assert "nothing is left." in output and "stopped cleanly" in output, output[-3000:]
+        if extra_env.get("EXECUTOR") == "createos":
+            _assert_pool_not_left_to_reap(server, output)
         shutil.rmtree(run_dir, ignore_errors=True)  # kept (logs, database) when a check above failed
 
 

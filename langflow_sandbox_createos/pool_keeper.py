@@ -1,0 +1,228 @@
+"""A pooled guest outlives nothing: a keeper process deletes what a dead process left pooled.
+
+A warm pool deletes its guests at ``shutdown()`` and at interpreter exit. Neither runs when
+the process is killed, or leaves through ``os._exit``, which is how a server usually ends:
+Langflow runs gunicorn inside a ``multiprocessing`` child, whose workers exit with
+``os._exit`` (atexit handlers never run), and gunicorn's quick shutdown (SIGINT, Ctrl-C)
+sends its workers SIGQUIT, which uvicorn leaves at the default action (the process dies on
+the spot). Each such stop left every pooled guest running on the control plane.
+
+So each process that pools guests of an endpoint starts one keeper: a small child process in
+a session of its own (a Ctrl-C to the terminal's process group does not reach it) that reads
+``+<id>`` / ``-<id>`` lines on a pipe. The pool writes ``+`` when a guest is created and
+``-`` when a run takes it or it is deleted. When the pipe reaches end of file (the process
+ended, however it ended) the keeper deletes every guest still held, says so on stderr and
+exits. A clean shutdown leaves it nothing to do.
+
+The key reaches the keeper through its environment, never its argv. The keeper imports only
+the native client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import IO
+
+logger = logging.getLogger("langflow_sandbox_createos.pool_keeper")
+
+ENV_URL = "CREATEOS_POOL_KEEPER_URL"
+ENV_KEY = "CREATEOS_POOL_KEEPER_KEY"
+ENV_TIMEOUT = "CREATEOS_POOL_KEEPER_CONTROL_TIMEOUT"
+ENV_OWNER = "CREATEOS_POOL_KEEPER_OWNER"
+DELETE_BUDGET_SECONDS = 60.0  # all deletes together, after the owner died
+
+
+def key_digest(key: str) -> str:
+    return hashlib.blake2s(key.encode(), digest_size=16).hexdigest()
+
+
+class Keeper:
+    """The owner's side: one per (process, endpoint). Thread-safe; never raises.
+
+    The pipe is a raw descriptor written with one ``os.write`` per line (atomic below
+    PIPE_BUF), so a fork in the middle of a write never leaves half a line buffered in the
+    child, and the child can drop its copy with ``os.close`` alone."""
+
+    def __init__(self, base_url: str, key: str, control_timeout: float) -> None:
+        self.base_url = base_url
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._start(key, control_timeout)
+
+    def _start(self, key: str, control_timeout: float) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CREATEOS_")}
+        env.update(
+            {
+                ENV_URL: self.base_url,
+                ENV_KEY: key,
+                ENV_TIMEOUT: str(control_timeout),
+                ENV_OWNER: str(os.getpid()),
+            }
+        )
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "langflow_sandbox_createos.pool_keeper"],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # the terminal's Ctrl-C is for the server, not for us
+            )
+            self._fd = write_end
+        except OSError as exc:
+            os.close(write_end)
+            logger.warning(
+                "CreateOS warm pool: could not start the guest keeper (%s); pooled guests of a killed "
+                "process are then left to auto-pause",
+                exc,
+            )
+        finally:
+            os.close(read_end)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _send(self, line: str) -> None:
+        data = line.encode("ascii") + b"\n"
+        with self._lock:
+            if self._fd is None:
+                return
+            try:
+                os.write(self._fd, data)
+            except OSError:  # the keeper is gone: nothing more to tell it
+                os.close(self._fd)
+                self._fd = None
+
+    def hold(self, sandbox_id: str) -> None:
+        self._send(f"+{sandbox_id}")
+
+    def release(self, sandbox_id: str) -> None:
+        self._send(f"-{sandbox_id}")
+
+    def close(self) -> None:
+        """End of file for the keeper (it deletes what is still held and exits)."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def forget_after_fork(self) -> None:
+        """In a fork child: drop our copy of the pipe so the keeper still sees its owner end."""
+        fd, self._fd, self._proc = self._fd, None, None
+        self._lock = threading.Lock()
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class _Keepers:
+    """This process's keepers, one per endpoint (base URL and key digest)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_endpoint: dict[tuple[str, str], Keeper] = {}
+
+    def for_endpoint(self, base_url: str, digest: str) -> Keeper | None:
+        """The keeper for this endpoint, started on first use. None when the current settings
+        no longer hold the key the pool's guests were created with (nothing to start it with)."""
+        with self._lock:
+            keeper = self._by_endpoint.get((base_url, digest))
+            if keeper is not None:
+                return keeper
+            from langflow_sandbox_createos import settings
+
+            try:
+                key = settings.api_key().value
+                control_timeout = float(settings.control_timeout())
+            except Exception:  # a setting changed under us: the pool's own deletes still run
+                return None
+            if key_digest(key) != digest:
+                return None
+            keeper = self._by_endpoint[(base_url, digest)] = Keeper(base_url, key, control_timeout)
+            return keeper
+
+    def close_all(self) -> None:
+        with self._lock:
+            keepers = list(self._by_endpoint.values())
+            self._by_endpoint.clear()
+        for keeper in keepers:
+            keeper.close()
+
+    def forget_after_fork(self) -> None:
+        for keeper in self._by_endpoint.values():
+            keeper.forget_after_fork()
+        self._lock = threading.Lock()
+        self._by_endpoint = {}
+
+
+keepers = _Keepers()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=keepers.forget_after_fork)
+
+
+# --- the keeper process ---------------------------------------------------------------------
+
+
+def _serve(stream: IO[bytes]) -> set[str]:
+    held: set[str] = set()
+    for raw in stream:
+        line = raw.decode("ascii", "replace").strip()
+        if line.startswith("+"):
+            held.add(line[1:])
+        elif line.startswith("-"):
+            held.discard(line[1:])
+    return held
+
+
+def main() -> int:
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)  # our owner's end is our only signal
+    url, key = os.environ.pop(ENV_URL, ""), os.environ.pop(ENV_KEY, "")
+    control_timeout = float(os.environ.pop(ENV_TIMEOUT, "30") or 30)
+    owner = os.environ.pop(ENV_OWNER, "?")
+    held = _serve(sys.stdin.buffer)
+    if not held or not url or not key:
+        return 0
+    from langflow_sandbox_createos import _createos
+
+    client = _createos.Client(url, key, control_timeout=min(control_timeout, DELETE_BUDGET_SECONDS))
+    deadline = time.monotonic() + DELETE_BUDGET_SECONDS
+    deleted, failed = 0, []
+    for sandbox_id in sorted(held):
+        if time.monotonic() >= deadline:
+            failed.append(sandbox_id)
+            continue
+        try:
+            client.delete(sandbox_id)
+            deleted += 1
+        except _createos.CreateOSError as exc:
+            if getattr(exc, "status", None) == 404:
+                deleted += 1
+            else:
+                failed.append(sandbox_id)
+    print(
+        f"langflow-sandbox-createos: the process that pooled {len(held)} guest(s) ended without deleting "
+        f"them; deleted {deleted}"
+        + (f", could not delete {', '.join(failed)} (auto-pause bounds their cost)" if failed else "")
+        + f" (keeper of pid {owner})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
