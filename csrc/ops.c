@@ -1093,9 +1093,11 @@ static void bg_delete_done(cos_req *r)
     cos_engine_add_outcome(eng, r->orphan_id, r->meta.status, verdict);
 }
 
-int cos_op_delete_background(cos_ctx *c, const char *id)
+/* Queue a delete on the I/O thread. attempt 0 may be retried once (bg_delete_done);
+ * attempt 1 is that retry and never retried again. */
+static int delete_background(cos_ctx *c, const char *id, int attempt)
 {
-    cos_req *r = delete_req(c->eng, c->cfg, id, 0, c->err);
+    cos_req *r = delete_req(c->eng, c->cfg, id, attempt, c->err);
     if (r == NULL)
         return -1;
     if (cos_engine_submit_orphan(c->eng, r, c->err) < 0) {
@@ -1106,12 +1108,18 @@ int cos_op_delete_background(cos_ctx *c, const char *id)
     return 0;
 }
 
+int cos_op_delete_background(cos_ctx *c, const char *id)
+{
+    return delete_background(c, id, 0);
+}
+
 /* Delete the guest of a run: synchronously unless asked otherwise or the
  * caller is being interrupted (then at once in the background). The wait is
  * perform's; when interrupted, the delete goes on in the background (and so
  * does one the backstop had to give up on). A synchronous delete that did not
- * succeed is handed to the background for one more try. Its errors never
- * replace the run's own (c->err), but an interrupt is the caller's. */
+ * succeed is handed to the background for one more try, which is its one
+ * retry: never retried again. Its errors never replace the run's own
+ * (c->err), but an interrupt is the caller's. */
 static void run_cleanup(cos_ctx *c, const char *id, int background)
 {
     cos_err derr, *run_err = c->err;
@@ -1126,7 +1134,7 @@ static void run_cleanup(cos_ctx *c, const char *id, int background)
         done = perform_as(c, &r, "delete", NULL, STOP_DETACH);
         if (r != NULL && (done < 0 || delete_verdict(r, c->cfg, &derr) != NULL) &&
             !(r->cancelled && !r->gave_up))
-            cos_op_delete_background(c, id);
+            delete_background(c, id, 1);
     }
     if (r != NULL)
         cos_engine_release(c->eng, r);

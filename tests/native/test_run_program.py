@@ -12,7 +12,7 @@ import pytest
 from langflow_sandbox_createos import _createos
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-from .conftest import SHAPE
+from .conftest import SHAPE, route_count
 
 SPEC = {"shape": SHAPE}
 
@@ -92,6 +92,27 @@ def test_failed_delete_is_retried_in_the_background(client: _createos.Client, cp
     outcomes = client.drain_deletes(timeout=10)
     assert (r.sandbox_id, 200, None) in outcomes
     assert state_of(cp, r.sandbox_id) in ("destroying", "destroyed")
+
+
+@pytest.mark.parametrize(
+    ("delete", "status", "requests"),
+    [("wait", 503, 2), ("wait", 403, 2), ("background", 503, 2), ("background", 403, 1)],
+)
+def test_a_failed_delete_is_retried_once_at_most(
+    client: _createos.Client, cp: LocalControlPlane, delete: str, status: int, requests: int
+) -> None:
+    """One retry, never more (docs/native-client.md): a transient failure of a background delete
+    is retried once; a failed synchronous delete is handed to the background, and that is its
+    retry (it was retried twice on 828da60: three DELETEs for a persistent 503)."""
+    cp.set_faults({"rules": [{"route": "delete", "status": status}]})
+    before = route_count(cp, "delete")
+    r = client.run_program(SPEC, "echo", timeout=30, delete=delete)
+    ((sid, got, error),) = client.drain_deletes(timeout=10)
+    time.sleep(0.5)  # a further retry, if one were made, would be on the wire by now
+    assert sid == r.sandbox_id and got == status and f"HTTP {status}" in error
+    assert route_count(cp, "delete") - before == requests
+    cp.clear_faults()
+    client.delete(sid)
 
 
 def test_background_delete_and_drain(client: _createos.Client, cp: LocalControlPlane) -> None:
