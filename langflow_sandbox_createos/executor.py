@@ -40,7 +40,14 @@ from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import executor_flows, executor_pool, executor_sandbox, runtime, settings
+from langflow_sandbox_createos import (
+    admission,
+    executor_flows,
+    executor_pool,
+    executor_sandbox,
+    runtime,
+    settings,
+)
 from langflow_sandbox_createos.executor_host import HostReplay
 from langflow_sandbox_createos.executor_protocol import (
     BOOTSTRAP,
@@ -563,6 +570,9 @@ class CreateOSExecutor(Executor):
         bridge: executor_sandbox.SandboxBridge | None = None
         started = time.monotonic()
         status = "failed"  # until RunComplete is out
+        await admission.executor_line.enter(
+            cfg.max_guests, lambda ahead, in_flight: _announce_wait(options, cfg, ahead, in_flight)
+        )
         try:
             early: list[tuple[str, Any]] = []
             if cfg.warm_pool and "install" not in spec:
@@ -634,16 +644,37 @@ class CreateOSExecutor(Executor):
             yield StepResult(payload=Finish())
             yield RunComplete(outputs=outputs)
         finally:
-            if bridge is not None:
-                await bridge.close()
-            if run is not None:
-                await run.close()
+            try:
+                if bridge is not None:
+                    await bridge.close()
+                if run is not None:
+                    await run.close()
+            finally:
+                admission.executor_line.leave()
             _log_run(spec, run, bridge, started, status)
 
     @staticmethod
     def shutdown() -> None:
         """Delete every pooled guest of this process now (interpreter exit does it too)."""
         executor_pool.shutdown()
+
+
+def _announce_wait(
+    options: Mapping[str, Any], cfg: settings.ExecutorSettings, ahead: int, in_flight: int
+) -> None:
+    """A run that waits in line says so once: in the log and in its own events (a log event,
+    as a component's log reaches the canvas)."""
+    text = (
+        f"CreateOS executor: {in_flight} run(s) in flight, the limit (CREATEOS_EXECUTOR_MAX_GUESTS="
+        f"{cfg.max_guests}); this run waits in line behind {ahead} other(s)"
+    )
+    logger.info(text)
+    callback = getattr(options.get("event_manager"), "on_log", None)
+    if callable(callback):
+        try:
+            callback(data={"name": "CreateOS executor", "message": text, "type": "text"})
+        except Exception:  # telling the caller is best effort; the wait itself is what matters
+            logger.debug("could not emit the waiting-in-line event", exc_info=True)
 
 
 def _log_run(

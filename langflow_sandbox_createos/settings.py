@@ -340,6 +340,10 @@ def pinned_shape(environ: Mapping[str, str] | None = None) -> str | None:
 # --- the whole-flow executor -------------------------------------------------------------
 
 
+# Executor runs in flight at once per process; the rest wait in line (admission.py).
+DEFAULT_EXECUTOR_MAX_GUESTS = 8
+
+
 @dataclass(frozen=True)
 class ExecutorSettings:
     rootfs: str
@@ -353,6 +357,7 @@ class ExecutorSettings:
     max_output_bytes: int
     warm_pool: int = 0
     warm_pool_idle_seconds: int = 300
+    max_guests: int = DEFAULT_EXECUTOR_MAX_GUESTS
 
 
 def validate_address_rule(rule: str, setting: str) -> str:
@@ -417,5 +422,12 @@ def executor_settings(environ: Mapping[str, str] | None = None) -> ExecutorSetti
         warm_pool=parse_int("CREATEOS_EXECUTOR_WARM_POOL", 0, minimum=0, maximum=16, environ=environ),
         warm_pool_idle_seconds=parse_int(
             "CREATEOS_EXECUTOR_WARM_POOL_IDLE_SECONDS", 300, minimum=30, maximum=3600, environ=environ
+        ),
+        max_guests=parse_int(
+            "CREATEOS_EXECUTOR_MAX_GUESTS",
+            DEFAULT_EXECUTOR_MAX_GUESTS,
+            minimum=1,
+            maximum=1024,
+            environ=environ,
         ),
     )

@@ -62,6 +62,7 @@ VARS: tuple[Var, ...] = (
     Var("CREATEOS_EXECUTOR_PIP", "free", ("executor",), ()),
     Var("CREATEOS_EXECUTOR_LFX_VERSION", "free", ("executor",), None),
     Var("CREATEOS_EXECUTOR_ENV", "envnames", ("executor",), ()),
+    Var("CREATEOS_EXECUTOR_MAX_GUESTS", "int", ("executor",), settings.DEFAULT_EXECUTOR_MAX_GUESTS),
 )
 ALL_NAMES = (*(v.name for v in VARS), "CREATEOS_API_KEY")
 
@@ -189,6 +190,7 @@ def test_blank_value_means_the_documented_default(var: Var, label: str, monkeypa
             "CREATEOS_EXECUTOR_PIP": cfg.pip_extra,
             "CREATEOS_EXECUTOR_LFX_VERSION": cfg.lfx_version,
             "CREATEOS_EXECUTOR_ENV": cfg.env_allowlist,
+            "CREATEOS_EXECUTOR_MAX_GUESTS": cfg.max_guests,
         }[var.name]
         assert got == var.default
         if var.name != "CREATEOS_SANDBOX_ROOTFS":

@@ -52,6 +52,7 @@ def code_defaults() -> dict[str, object]:
         "CREATEOS_EXECUTOR_ENV": lambda: executor.env_allowlist,
         "CREATEOS_EXECUTOR_WARM_POOL": lambda: executor.warm_pool,
         "CREATEOS_EXECUTOR_WARM_POOL_IDLE_SECONDS": lambda: executor.warm_pool_idle_seconds,
+        "CREATEOS_EXECUTOR_MAX_GUESTS": lambda: executor.max_guests,
     }
     defaults = {}
     for name, read in readers.items():

@@ -1,0 +1,143 @@
+"""Admission control (issue 30): at most CREATEOS_EXECUTOR_MAX_GUESTS executor runs hold a
+guest at once per process; the others wait in line, first come first served, and say so."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from langflow_sandbox_createos import admission
+from langflow_sandbox_createos.executor import CreateOSExecutor
+
+from .conftest import chat_unit, drain
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+
+async def test_a_line_serves_first_come_first_served_and_never_over_its_limit() -> None:
+    line = admission.Line("test")
+    order: list[int] = []
+    peak = 0
+    waits: list[tuple[int, int]] = []
+
+    async def run(i: int) -> None:
+        nonlocal peak
+        async with line.slot(2, lambda ahead, in_flight: waits.append((ahead, in_flight))):
+            peak = max(peak, line.in_flight)
+            order.append(i)
+            await asyncio.sleep(0.05)
+
+    tasks = []
+    for i in range(6):
+        tasks.append(asyncio.create_task(run(i)))
+        await asyncio.sleep(0)  # arrive in order
+    await asyncio.gather(*tasks)
+    assert order == [0, 1, 2, 3, 4, 5]
+    assert peak == 2 and line.in_flight == 0 and line.waiting == 0
+    assert waits == [(0, 2), (1, 2), (2, 2), (3, 2)]
+
+
+async def test_a_run_cancelled_in_line_leaves_it_and_loses_no_slot() -> None:
+    line = admission.Line("test")
+    await line.enter(1, lambda *_: None)
+    waiter = asyncio.create_task(line.enter(1, lambda *_: None))
+    await asyncio.sleep(0.01)
+    assert line.waiting == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert line.waiting == 0
+    line.leave()
+    assert line.in_flight == 0
+    # and one cancelled in the instant its slot arrived passes the slot on
+    await line.enter(1, lambda *_: None)
+    first = asyncio.create_task(line.enter(1, lambda *_: None))
+    second = asyncio.create_task(line.enter(1, lambda *_: None))
+    await asyncio.sleep(0.01)
+    line.leave()  # granted to `first` (scheduled) ...
+    first.cancel()  # ... which is cancelled before it runs
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await asyncio.wait_for(second, 5)
+    assert line.in_flight == 1
+    line.leave()
+    assert line.in_flight == 0
+
+
+def test_a_line_is_shared_by_the_event_loops_of_several_threads() -> None:
+    line = admission.Line("test")
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    async def hold() -> None:
+        nonlocal active, peak
+        async with line.slot(1, lambda *_: None):
+            with lock:
+                active += 1
+                peak = max(peak, active)
+            await asyncio.sleep(0.02)
+            with lock:
+                active -= 1
+
+    threads = [threading.Thread(target=lambda: asyncio.run(hold())) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert peak == 1 and line.in_flight == 0
+
+
+def _recording_manager(logs: list[dict[str, Any]]) -> Any:
+    """lfx's own event manager, its on_log recording what the run said."""
+    from lfx.events.event_manager import create_default_event_manager
+
+    manager = create_default_event_manager(None)
+    manager.events["on_log"] = lambda *, data: logs.append(data)
+    return manager
+
+
+async def test_runs_beyond_the_limit_wait_in_line_and_say_so(
+    executor: CreateOSExecutor, executor_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three real executor runs with CREATEOS_EXECUTOR_MAX_GUESTS=1: never two executor guests
+    live at once, all three answer, and the two that waited said so in their own events."""
+    monkeypatch.setenv("CREATEOS_EXECUTOR_MAX_GUESTS", "1")
+    live_peak = 0
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal live_peak
+        while not done.is_set():
+            live = [
+                sb
+                for sb in executor_env.sandboxes()
+                if sb.get("name", "").startswith("lf-x-") and sb["status"] in ("creating", "running")
+            ]
+            live_peak = max(live_peak, len(live))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    logs: list[list[dict[str, Any]]] = [[], [], []]
+
+    async def one(i: int) -> list[Any]:
+        unit = chat_unit(f"hello {i}")
+        unit.runtime_options["event_manager"] = _recording_manager(logs[i])
+        return await drain(executor.execute(unit))
+
+    try:
+        results = await asyncio.gather(*(one(i) for i in range(3)))
+    finally:
+        done.set()
+        watcher.join(5)
+    assert all(type(items[-1]).__name__ == "RunComplete" for items in results), results
+    assert live_peak == 1, live_peak
+    said = [log["message"] for run in logs for log in run if "waits in line" in str(log.get("message"))]
+    assert len(said) == 2, logs
+    assert all("CREATEOS_EXECUTOR_MAX_GUESTS=1" in text for text in said), said
+    assert admission.executor_line.in_flight == 0 and admission.executor_line.waiting == 0
