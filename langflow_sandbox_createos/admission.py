@@ -93,4 +93,67 @@ class Line:
             self.leave()
 
 
+class SyncLine:
+    """The same line for blocking callers (the sandbox backend and the component engine run in
+    worker threads): tickets served in order; a caller interrupted while it waits (Ctrl-C, a
+    timeout of lfx's) gives its ticket up, and the line moves past it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._cond = threading.Condition(threading.Lock())
+        self._in_flight = 0
+        self._issued = 0  # next ticket to hand out
+        self._serving = 0  # the ticket whose turn it is
+        self._abandoned: set[int] = set()
+        self.waited = 0
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
+
+    @property
+    def waiting(self) -> int:
+        with self._cond:
+            return self._issued - self._serving - len(self._abandoned)
+
+    def _skip_abandoned_locked(self) -> None:
+        while self._serving in self._abandoned:
+            self._abandoned.discard(self._serving)
+            self._serving += 1
+
+    def enter(self, limit: int, on_wait: Callable[[int, int], None]) -> None:
+        limit = max(1, limit)
+        with self._cond:
+            ticket = self._issued
+            self._issued += 1
+            if ticket == self._serving and self._in_flight < limit:
+                self._serving += 1
+                self._in_flight += 1
+                return
+            self.waited += 1
+            ahead, in_flight = ticket - self._serving, self._in_flight
+        on_wait(ahead, in_flight)
+        with self._cond:
+            try:
+                while not (ticket == self._serving and self._in_flight < limit):
+                    self._cond.wait()
+            except BaseException:
+                self._abandoned.add(ticket)
+                self._skip_abandoned_locked()
+                self._cond.notify_all()
+                raise
+            self._serving += 1
+            self._in_flight += 1
+            self._skip_abandoned_locked()
+            self._cond.notify_all()
+
+    def leave(self) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self._cond.notify_all()
+
+
+backend_line = SyncLine("backend")
+component_line = SyncLine("component")
 executor_line = Line("executor")

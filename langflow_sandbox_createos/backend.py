@@ -30,7 +30,7 @@ from lfx.utils.sandbox.base import (
     SandboxUnavailableError,
 )
 
-from langflow_sandbox_createos import program_clock, runtime, settings, warm_pool
+from langflow_sandbox_createos import admission, program_clock, runtime, settings, warm_pool
 from langflow_sandbox_createos.settings import BackendSettings, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.backend")
@@ -148,9 +148,10 @@ class CreateOSBackend:
             "max_output_bytes": config.max_output_bytes,
             "delete": "background",
         }
-        pool_key = _pool_key(endpoint, create) if config.warm_pool else None
-        warm = self._pool.take(pool_key, client, config.warm_pool) if pool_key is not None else None
+        admission.backend_line.enter(config.max_guests, _announce_wait)
         try:
+            pool_key = _pool_key(endpoint, create) if config.warm_pool else None
+            warm = self._pool.take(pool_key, client, config.warm_pool) if pool_key is not None else None
             if warm is not None:
                 # One round trip: the exec on a booted guest (deleted in the background after).
                 # A guest that was paused, deleted or died answers 404/409 before anything runs,
@@ -172,6 +173,7 @@ class CreateOSBackend:
                 error = type(error)(f"{error} (guest {guest}, which is being deleted)")
             raise error from None
         finally:
+            admission.backend_line.leave()
             runtime.log_delete_outcomes(client, 0.0, logger)
         logger.debug(
             "createos run on %s (%s) finished in %.0f ms wall, exit %s",
@@ -224,6 +226,15 @@ class CreateOSBackend:
 
 
 # --- one run, step by step -----------------------------------------------------------------
+
+
+def _announce_wait(ahead: int, in_flight: int) -> None:
+    logger.info(
+        "CreateOS: %d sandbox run(s) in flight, the limit (CREATEOS_SANDBOX_MAX_GUESTS); this run waits "
+        "in line behind %d other(s)",
+        in_flight,
+        ahead,
+    )
 
 
 def _deny_all_acknowledged() -> bool:

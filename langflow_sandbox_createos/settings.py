@@ -210,6 +210,10 @@ def base_url(environ: Mapping[str, str] | None = None) -> str:
 # --- the sandbox backend -----------------------------------------------------------------
 
 
+# Backend runs, and component runs, holding a guest at once per process (admission.py).
+DEFAULT_SANDBOX_MAX_GUESTS = 16
+
+
 @dataclass(frozen=True)
 class BackendSettings:
     timeout_seconds: int
@@ -221,6 +225,7 @@ class BackendSettings:
     shape: str | None  # pinned, or None for automatic choice
     max_output_bytes: int
     warm_pool: int
+    max_guests: int = DEFAULT_SANDBOX_MAX_GUESTS
 
 
 def _lfx_sandbox_settings() -> object | None:
@@ -276,6 +281,7 @@ def backend_settings(environ: Mapping[str, str] | None = None) -> BackendSetting
         shape=raw("CREATEOS_SANDBOX_SHAPE", environ),
         max_output_bytes=max_output_bytes(environ),
         warm_pool=parse_int("CREATEOS_SANDBOX_WARM_POOL", 0, minimum=0, maximum=64, environ=environ),
+        max_guests=sandbox_max_guests(environ),
     )
 
 
@@ -306,6 +312,14 @@ def accept_local_isolation(environ: Mapping[str, str] | None = None) -> bool:
 # next use, by the sweep that runs with reused runs, and by `createos-langflow reap --idle`.
 DEFAULT_REUSE_IDLE_SECONDS = 3600
 MAX_REUSE_IDLE_SECONDS = 30 * 86400
+
+
+def sandbox_max_guests(environ: Mapping[str, str] | None = None) -> int:
+    """CREATEOS_SANDBOX_MAX_GUESTS: the sandbox backend's runs and the component's runs in
+    flight at once in this process (each surface its own line)."""
+    return parse_int(
+        "CREATEOS_SANDBOX_MAX_GUESTS", DEFAULT_SANDBOX_MAX_GUESTS, minimum=1, maximum=1024, environ=environ
+    )
 
 
 def reuse_idle_seconds(environ: Mapping[str, str] | None = None) -> int:

@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import artifacts, clock, program_clock, runtime, settings
+from langflow_sandbox_createos import admission, artifacts, clock, program_clock, runtime, settings
 from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.component")
@@ -924,6 +924,7 @@ def run(
     try:
         rootfs = settings.rootfs()
         idle_limit = settings.reuse_idle_seconds()
+        max_guests = settings.sandbox_max_guests()
     except SettingsError as exc:
         raise SandboxUnavailableError(str(exc)) from None
     notice = ""
@@ -944,6 +945,16 @@ def run(
         )
     egress = runtime.egress_rules(req.allow_network)
     phase = _Phase()
+
+    def announce_wait(ahead: int, in_flight: int) -> None:
+        text = (
+            f"{in_flight} CreateOS Sandbox run(s) in flight, the limit (CREATEOS_SANDBOX_MAX_GUESTS={max_guests}); "
+            f"waiting in line behind {ahead} other(s)…"
+        )
+        logger.info("CreateOS Sandbox: %s", text)
+        note(text)
+
+    admission.component_line.enter(max_guests, announce_wait)
     try:
         if req.reuse:
             budget = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
@@ -957,6 +968,8 @@ def run(
             outcome.reuse_notice = notice
     except native.CreateOSError as exc:
         raise runtime.to_lfx_error(exc, phase.action) from None
+    finally:
+        admission.component_line.leave()
     if not req.allow_network:
         outcome.network_notice = NETWORK_OFF_NOTICE
     return outcome

@@ -50,6 +50,7 @@ VARS: tuple[Var, ...] = (
     Var("CREATEOS_SANDBOX_SHAPE", "shape", ("backend", *COMPONENT), None),
     Var("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", "int", ALL, 16 * MiB),
     Var("CREATEOS_SANDBOX_WARM_POOL", "int", ("backend",), 0),
+    Var("CREATEOS_SANDBOX_MAX_GUESTS", "int", ("backend", *COMPONENT), settings.DEFAULT_SANDBOX_MAX_GUESTS),
     Var("CREATEOS_SANDBOX_REUSE_IDLE_SECONDS", "int", COMPONENT, settings.DEFAULT_REUSE_IDLE_SECONDS),
     Var("CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS", "int", ALL, 60),
     Var("CREATEOS_SANDBOX_API_KEY", "key", ALL, None),
@@ -213,6 +214,7 @@ def test_blank_value_means_the_documented_default(var: Var, label: str, monkeypa
         "CREATEOS_SANDBOX_SHAPE": cfg_b.shape,
         "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES": cfg_b.max_output_bytes,
         "CREATEOS_SANDBOX_WARM_POOL": cfg_b.warm_pool,
+        "CREATEOS_SANDBOX_MAX_GUESTS": cfg_b.max_guests,
     }[var.name]
     assert got_b == var.default
 

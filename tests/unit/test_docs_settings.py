@@ -39,6 +39,7 @@ def code_defaults() -> dict[str, object]:
         "CREATEOS_SANDBOX_SHAPE": lambda: backend.shape,
         "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES": lambda: backend.max_output_bytes,
         "CREATEOS_SANDBOX_WARM_POOL": lambda: backend.warm_pool,
+        "CREATEOS_SANDBOX_MAX_GUESTS": lambda: backend.max_guests,
         "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS": lambda: s.control_timeout(env),
         "CREATEOS_SANDBOX_REUSE_IDLE_SECONDS": lambda: s.reuse_idle_seconds(env),
         "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION": lambda: s.accept_local_isolation(env),

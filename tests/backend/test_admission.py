@@ -1,0 +1,132 @@
+"""Admission control for the blocking surfaces (issue 30): at most CREATEOS_SANDBOX_MAX_GUESTS
+backend runs, and as many component runs, hold a guest at once per process; the others wait
+in line in arrival order, and a caller interrupted while waiting gives its place up."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from langflow_sandbox_createos import admission
+from langflow_sandbox_createos.backend import CreateOSBackend
+from langflow_sandbox_createos.components import sandbox_run
+
+# prints when the program started and ended, by the host's clock (createos-local guests share it)
+SPAN = "import time\nt0 = time.time()\ntime.sleep(0.6)\nprint(t0, time.time())\n"
+
+
+def _overlaps(spans: list[tuple[float, float]]) -> int:
+    """The most spans that share one instant."""
+    points = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    peak = depth = 0
+    for _, step in points:
+        depth += step
+        peak = max(peak, depth)
+    return peak
+
+
+def test_a_sync_line_serves_in_order_and_never_over_its_limit() -> None:
+    line = admission.SyncLine("test")
+    order: list[int] = []
+    active = peak = 0
+    lock = threading.Lock()
+    waits: list[tuple[int, int]] = []
+
+    def run(i: int) -> None:
+        nonlocal active, peak
+        line.enter(2, lambda ahead, in_flight: waits.append((ahead, in_flight)))
+        try:
+            with lock:
+                order.append(i)
+                active += 1
+                peak = max(peak, active)
+            time.sleep(0.05)
+            with lock:
+                active -= 1
+        finally:
+            line.leave()
+
+    threads = []
+    for i in range(6):
+        thread = threading.Thread(target=run, args=(i,))
+        thread.start()
+        threads.append(thread)
+        time.sleep(0.005)  # arrive in order
+    for thread in threads:
+        thread.join(30)
+    assert peak == 2 and line.in_flight == 0 and line.waiting == 0
+    assert order == sorted(order), order
+    assert len(waits) == 4 and all(in_flight == 2 for _, in_flight in waits), waits
+
+
+def test_a_caller_interrupted_in_line_gives_its_place_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupt (KeyboardInterrupt, lfx's timeout) that lands while a caller waits."""
+    line = admission.SyncLine("test")
+    line.enter(1, lambda *_: None)
+    original = threading.Condition.wait
+
+    def wait(self: threading.Condition, timeout: float | None = None) -> bool:
+        if threading.current_thread().name == "impatient":
+            raise KeyboardInterrupt
+        return original(self, timeout)
+
+    monkeypatch.setattr(threading.Condition, "wait", wait)
+    outcome: list[str] = []
+
+    def impatient() -> None:
+        try:
+            line.enter(1, lambda *_: None)
+            outcome.append("entered")
+        except KeyboardInterrupt:
+            outcome.append("interrupted")
+
+    thread = threading.Thread(target=impatient, name="impatient")
+    thread.start()
+    thread.join(10)
+    monkeypatch.undo()
+    assert outcome == ["interrupted"]
+    patient = threading.Thread(target=lambda: (line.enter(1, lambda *_: None), line.leave()))
+    patient.start()
+    line.leave()
+    patient.join(10)
+    assert not patient.is_alive(), "the line stalled behind a ticket given up"
+    assert line.in_flight == 0 and line.waiting == 0
+
+
+def test_backend_runs_beyond_the_limit_wait(
+    backend: CreateOSBackend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_GUESTS", "1")
+    caplog.set_level("INFO", logger="langflow_sandbox_createos")
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: backend.run(SPAN), range(3)))
+    assert all(r.exit_code == 0 for r in results), results
+    spans = [tuple(map(float, r.stdout.split())) for r in results]
+    assert _overlaps(spans) == 1, spans  # the programs ran one after another
+    waited = [r.getMessage() for r in caplog.records if "waits in line" in r.getMessage()]
+    assert len(waited) == 2 and all("CREATEOS_SANDBOX_MAX_GUESTS" in m for m in waited), waited
+
+
+def test_component_runs_beyond_the_limit_wait_and_say_so(
+    backend_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_GUESTS", "1")
+    notes: list[list[str]] = [[], [], []]
+
+    def one(i: int) -> Any:
+        request = sandbox_run.RunRequest(
+            SPAN, "python", False, False, False, 30, sandbox_run.resolve_shape(None), "flow-adm", f"c-{i}"
+        )
+        return sandbox_run.run(request, note=notes[i].append)
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        outcomes = list(pool.map(one, range(3)))
+    assert all(o.exit_code == 0 for o in outcomes), outcomes
+    assert _overlaps([tuple(map(float, o.stdout.split())) for o in outcomes]) == 1
+    said = [text for run in notes for text in run if "waiting in line" in text]
+    assert len(said) == 2 and all("CREATEOS_SANDBOX_MAX_GUESTS=1" in text for text in said), notes
+    assert admission.component_line.in_flight == 0
