@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from cp_helpers import SandboxFactory, data, make_client, sandbox_factory_for, sh
+from waiting import wait_status
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
@@ -172,7 +173,7 @@ def test_background_processes_live_until_delete_and_freeze_with_pause(
     before = ticks.stat().st_size
     assert wait_until(lambda: ticks.stat().st_size > before), "the background process is not running"
     data(client.post(f"/v1/sandboxes/{sid}/pause"))
-    assert wait_until(lambda: data(client.get(f"/v1/sandboxes/{sid}"))["status"] == "paused")
+    wait_status(client, sid, "paused", timeout=5)
     frozen = ticks.stat().st_size
     time.sleep(0.5)
     assert ticks.stat().st_size == frozen, "the background process ran while paused"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from waiting import wait_status
 
 from langflow_sandbox_createos import backend as backend_module
 from langflow_sandbox_createos import executor as executor_module
@@ -127,11 +128,7 @@ def _prepare_reuse(case: Case, lane: Lane) -> None:
         client: Any = lane.endpoint().client
         sandbox_id = warm.details["sandbox_id"]
         client.pause(sandbox_id)
-        deadline = time.monotonic() + 10
-        while client.get(sandbox_id)["status"] != "paused":
-            if time.monotonic() > deadline:
-                raise AssertionError("the warm guest did not pause")
-            time.sleep(0.05)
+        wait_status(client, sandbox_id, "paused")
 
 
 def _settle(
