@@ -197,24 +197,27 @@ def test_admin_routes_are_not_faulted(
     content type and its keys (an injected answer is a JSend error, or nothing at all)."""
     rules = [{"route": "*", "latency_ms": 1}, {"route": "*", "status": 500}]
     cp.set_faults({"rules": rules})
-    failure(client.get("/v1/whoami"), 500)  # the faults are on: a /v1 route gets the 500
-    assert cp.fault_hits() == [1, 1]
-    sid = sandbox["id"]
-    stats = client.get("/_local/stats")
-    assert stats.status_code == 200, stats.text
-    assert stats.headers["content-type"].startswith("application/json")
-    assert {"pid", "requests", "responses_by_status", "live", "sandboxes", "faults"} <= set(stats.json())
-    assert sid in {row["id"] for row in stats.json()["sandboxes"]}
-    network = client.get(f"/_local/sandboxes/{sid}/network")
-    assert network.status_code == 200, network.text
-    assert network.json()["id"] == sid
-    assert {"egress", "allow_all", "enforced", "not_enforced", "namespace", "nat", "rules"} <= set(
-        network.json()
-    )
-    got = data(client.get("/_local/faults"))
-    assert got["rules"] == rules and got["hits"] == [1, 1]
-    again = data(client.put("/_local/faults", json={"rules": rules}))
-    assert again["rules"] == rules and again["hits"] == [0, 0]
-    assert data(client.get("/_local/faults"))["hits"] == [0, 0]  # no admin call fired a rule
-    cleared = data(client.delete("/_local/faults"))
-    assert cleared == {"latency_ms": 0, "boot_delay_ms": 0, "rules": [], "hits": []}
+    try:
+        failure(client.get("/v1/whoami"), 500)  # the faults are on: a /v1 route gets the 500
+        assert cp.fault_hits() == [1, 1]
+        sid = sandbox["id"]
+        stats = client.get("/_local/stats")
+        assert stats.status_code == 200, stats.text
+        assert stats.headers["content-type"].startswith("application/json")
+        assert {"pid", "requests", "responses_by_status", "live", "sandboxes", "faults"} <= set(stats.json())
+        assert sid in {row["id"] for row in stats.json()["sandboxes"]}
+        network = client.get(f"/_local/sandboxes/{sid}/network")
+        assert network.status_code == 200, network.text
+        assert network.json()["id"] == sid
+        assert {"egress", "allow_all", "enforced", "not_enforced", "namespace", "nat", "rules"} <= set(
+            network.json()
+        )
+        got = data(client.get("/_local/faults"))
+        assert got["rules"] == rules and got["hits"] == [1, 1]
+        again = data(client.put("/_local/faults", json={"rules": rules}))
+        assert again["rules"] == rules and again["hits"] == [0, 0]
+        assert data(client.get("/_local/faults"))["hits"] == [0, 0]  # no admin call fired a rule
+        cleared = data(client.delete("/_local/faults"))
+        assert cleared == {"latency_ms": 0, "boot_delay_ms": 0, "rules": [], "hits": []}
+    finally:
+        cp.clear_faults()  # before the fixtures delete the sandbox
