@@ -11,6 +11,10 @@ Body accepted by ``PUT /_local/faults`` (every key optional)::
 
 ``drop_exit`` (``exec_stream``): the stream ends cleanly without its ``exit_code`` frame, as when
 the guest agent dies mid-command.
+
+Every answer also carries ``"hits"``: how many requests each rule fired on, one count per rule in
+the order it was PUT (a rule spent by ``times`` keeps its count), so a test can tell that the
+fault it set really happened.
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ class FaultRule:
     times: int | None = None
     probability: float = 1.0
     drop_exit: bool = False
+    index: int = 0  # its place in the set as PUT (for FaultSet.hits); not part of the JSON
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"route": self.route}
@@ -117,7 +122,7 @@ def _int(raw: dict[str, Any], key: str, low: int = 0, high: int = 10**9) -> int 
 def parse_rule(raw: Any) -> FaultRule:
     if not isinstance(raw, dict):
         raise bad_request("each rule must be an object", "rules")
-    known = set(FaultRule.__dataclass_fields__)
+    known = set(FaultRule.__dataclass_fields__) - {"index"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise bad_request(f"unknown rule keys: {', '.join(unknown)}", "rules")
@@ -161,12 +166,15 @@ class FaultSet:
     boot_delay_ms: int = 0
     streaming: bool | None = None  # None: as configured on the command line
     rules: list[FaultRule] = field(default_factory=list)
+    # requests each rule fired on, by its index as PUT (kept when `times` removes the rule)
+    hits: list[int] = field(default_factory=list)
 
     @classmethod
     def parse(cls, raw: Any) -> FaultSet:
         if not isinstance(raw, dict):
             raise bad_request("the fault set must be a JSON object")
-        unknown = sorted(set(raw) - {"latency_ms", "boot_delay_ms", "streaming", "rules"})
+        # "hits" is read-only: accepted (and ignored) so that what GET answered can be PUT back
+        unknown = sorted(set(raw) - {"latency_ms", "boot_delay_ms", "streaming", "rules", "hits"})
         if unknown:
             raise bad_request(f"unknown fault keys: {', '.join(unknown)}")
         rules = raw.get("rules") or []
@@ -175,11 +183,15 @@ class FaultSet:
         streaming = raw.get("streaming")
         if streaming is not None and not isinstance(streaming, bool):
             raise bad_request("streaming must be a boolean", "streaming")
+        parsed = [parse_rule(r) for r in rules]
+        for index, rule in enumerate(parsed):
+            rule.index = index
         return cls(
             latency_ms=_int(raw, "latency_ms", 0, 600_000) or 0,
             boot_delay_ms=_int(raw, "boot_delay_ms", 0, 600_000) or 0,
             streaming=streaming,
-            rules=[parse_rule(r) for r in rules],
+            rules=parsed,
+            hits=[0] * len(parsed),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -187,6 +199,7 @@ class FaultSet:
             "latency_ms": self.latency_ms,
             "boot_delay_ms": self.boot_delay_ms,
             "rules": [r.as_json() for r in self.rules],
+            "hits": list(self.hits),
         }
         if self.streaming is not None:
             out["streaming"] = self.streaming
@@ -205,6 +218,7 @@ class FaultSet:
                 if rule.times <= 0:
                     self.rules.remove(rule)
             fired.append(rule)
+            self.hits[rule.index] += 1
             if rule.terminal:
                 break
         return fired

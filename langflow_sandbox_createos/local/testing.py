@@ -182,6 +182,11 @@ class LocalControlPlane:
             raise ValueError(f"fault set refused: {body}")
         return body["data"]
 
+    def fault_hits(self) -> list[int]:
+        """How many requests each rule of the current fault set fired on, in the order the
+        rules were set (spent ``times`` rules included); read it before ``clear_faults``."""
+        return list(self.faults()["hits"])
+
     def clear_faults(self) -> None:
         self._request("DELETE", "/_local/faults", auth=True)
 

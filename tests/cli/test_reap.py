@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+from waiting import wait_status
 
 from langflow_sandbox_createos import cli, runtime
 from langflow_sandbox_createos._createos import Client
@@ -25,10 +26,7 @@ def guests(createos_env, cp, control_plane):
     for name in (BACKEND, REUSED, EXECUTOR, POOL, *NOT_OURS):
         made[name] = client.create({"shape": "s-1vcpu-256mb", "name": name})["id"]
     client.pause(made[REUSED])
-    deadline = time.monotonic() + 10
-    while client.get(made[REUSED])["status"] != "paused":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_status(client, made[REUSED], "paused")
     yield client, made
     for sandbox_id in made.values():
         with contextlib.suppress(Exception):

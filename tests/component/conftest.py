@@ -122,15 +122,6 @@ def all_ids(plane: LocalControlPlane) -> set[str]:
     return {sb["id"] for sb in plane.sandboxes()}
 
 
-def wait_status(sandbox_id: str, status: str, timeout: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        record = client().get(sandbox_id)
-        if record["status"] == status or time.monotonic() > deadline:
-            return record
-        time.sleep(0.05)
-
-
 class StallWatch:
     """A thread that wakes every `period` seconds and records how late it woke: the longest
     gap shows whether something held every thread of the process (the GIL) meanwhile."""

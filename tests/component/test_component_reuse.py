@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 from lfx.exceptions.component import ComponentBuildError
 from lfx.utils.sandbox.base import SandboxUnavailableError
+from waiting import wait_status
 
 from langflow_sandbox_createos import runtime
 from langflow_sandbox_createos.components import sandbox_run
 from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
-from .conftest import USER_ID, client, run_flow, wait_status
+from .conftest import USER_ID, client, run_flow
 
 COUNTER = (
     "import pathlib\n"
@@ -70,10 +71,11 @@ def test_other_flows_and_components_get_their_own_guest(
 def test_paused_guest_is_resumed(component_cls: type, reuse_env: LocalControlPlane) -> None:
     first = reuse(component_cls)
     client().pause(first["sandbox_id"])
-    assert wait_status(first["sandbox_id"], "paused")["status"] == "paused"
+    wait_status(client(), first["sandbox_id"], "paused")
     second = reuse(component_cls)
     assert second["sandbox_id"] == first["sandbox_id"]
     assert second["result"] == "2" and second["reused_guest"] is True
+    assert client().get(first["sandbox_id"])["status"] == "running"  # resumed
 
 
 def test_paused_guest_is_found_without_the_process_cache(
@@ -81,10 +83,11 @@ def test_paused_guest_is_found_without_the_process_cache(
 ) -> None:
     first = reuse(component_cls)
     client().pause(first["sandbox_id"])
-    wait_status(first["sandbox_id"], "paused")
+    wait_status(client(), first["sandbox_id"], "paused")
     sandbox_run.guest_ids.clear()
     second = reuse(component_cls)
     assert second["sandbox_id"] == first["sandbox_id"] and second["result"] == "2"
+    assert client().get(first["sandbox_id"])["status"] == "running"  # resumed
 
 
 def test_guest_that_pauses_between_lookup_and_exec_is_resumed_and_retried(
@@ -96,7 +99,7 @@ def test_guest_that_pauses_between_lookup_and_exec_is_resumed_and_retried(
     def pause_now(c: Any, sandbox_id: str) -> None:
         if not paused:
             c.pause(sandbox_id)
-            wait_status(sandbox_id, "paused")
+            wait_status(c, sandbox_id, "paused")
             paused.append(sandbox_id)
 
     monkeypatch.setattr(sandbox_run, "_after_acquire", pause_now)
@@ -104,6 +107,7 @@ def test_guest_that_pauses_between_lookup_and_exec_is_resumed_and_retried(
     assert paused == [first["sandbox_id"]]  # the exec met a paused guest (409)...
     assert second["sandbox_id"] == first["sandbox_id"]  # ...which was resumed and the run retried once
     assert second["result"] == "2" and second["exit_code"] == 0
+    assert client().get(first["sandbox_id"])["status"] == "running"
 
 
 def test_allow_network_gives_a_different_guest(component_cls: type, reuse_env: LocalControlPlane) -> None:

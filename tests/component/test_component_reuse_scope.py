@@ -9,12 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from waiting import wait_status
 
 from langflow_sandbox_createos import runtime
 from langflow_sandbox_createos.components import sandbox_run
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-from .conftest import REUSE_PREFIX, client, run_flow, wait_status
+from .conftest import REUSE_PREFIX, client, run_flow
 
 ALICE = "00000000-0000-4000-8000-00000000a11c"
 BOB = "00000000-0000-4000-8000-0000000000b0"
@@ -61,8 +62,7 @@ def test_end_users_of_one_served_flow_get_their_own_guest(
 def _paused_and_idle(sandbox_id: str, seconds: float) -> None:
     """Pause the guest (what auto-pause does after its window) and let `seconds` pass."""
     client().pause(sandbox_id)
-    record = wait_status(sandbox_id, "paused")
-    assert record["status"] == "paused"
+    wait_status(client(), sandbox_id, "paused")
     while (sandbox_run.idle_seconds(client().get(sandbox_id)) or 0.0) <= seconds:
         time.sleep(0.2)
 

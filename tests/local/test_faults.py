@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -21,8 +20,10 @@ def test_fault_set_round_trip_and_validation(cp: LocalControlPlane) -> None:
     }
     assert cp.set_faults(faults)["rules"] == [{"route": "create", "status": 429, "retry_after": 2}]
     assert cp.faults()["rules"][0]["route"] == "create"
+    assert cp.faults()["hits"] == [0]
+    assert cp.set_faults(cp.faults())["hits"] == [0]  # what GET answers can be PUT back
     cp.clear_faults()
-    assert cp.faults() == {"latency_ms": 0, "boot_delay_ms": 0, "rules": []}
+    assert cp.faults() == {"latency_ms": 0, "boot_delay_ms": 0, "rules": [], "hits": []}
     for bad in ({"rules": [{"route": "nope"}]}, {"rules": [{"body": "weird"}]}, {"rules": "x"}, {"bogus": 1}):
         with pytest.raises(ValueError):
             cp.set_faults(bad)
@@ -39,6 +40,7 @@ def test_rate_limit_with_retry_after_expires_after_times(cp: LocalControlPlane, 
         assert limited.headers["retry-after"] == "2"
     data(client.get("/v1/whoami"))
     assert cp.faults()["rules"] == []
+    assert cp.fault_hits() == [2]  # a spent rule keeps its count
 
 
 @pytest.mark.parametrize(
@@ -65,9 +67,29 @@ def test_forced_statuses(
 def test_wildcard_route_and_probability(cp: LocalControlPlane, client: httpx.Client) -> None:
     cp.set_faults({"rules": [{"route": "*", "status": 500, "probability": 0}]})
     data(client.get("/v1/whoami"))
+    assert cp.fault_hits() == [0]  # matched, never fired
     cp.set_faults({"rules": [{"route": "*", "status": 503, "times": 1}]})
     failure(client.get("/v1/shapes"), 503)
     data(client.get("/v1/shapes"))
+    assert cp.fault_hits() == [1]
+
+
+def test_hits_count_each_rule_that_fires(cp: LocalControlPlane, client: httpx.Client) -> None:
+    """Every rule that fires is counted, answering or not; one that does not match is not."""
+    cp.set_faults(
+        {
+            "rules": [
+                {"route": "whoami", "latency_ms": 1},  # fires, does not answer
+                {"route": "whoami", "status": 500, "times": 2},  # answers twice, then is spent
+                {"route": "shapes", "status": 503},  # never asked
+                {"route": "whoami", "status": 502},  # behind the answering rule, then answers
+            ]
+        }
+    )
+    for status in (500, 500, 502):
+        failure(client.get("/v1/whoami"), status)
+    assert cp.fault_hits() == [3, 2, 0, 1]
+    assert cp.stats()["faults"]["hits"] == [3, 2, 0, 1]
 
 
 def test_non_json_and_wrong_envelope_bodies(cp: LocalControlPlane, client: httpx.Client) -> None:
@@ -168,7 +190,34 @@ def test_latency_and_boot_delay(cp: LocalControlPlane, client: httpx.Client) -> 
         client.delete(f"/v1/sandboxes/{sb['id']}")
 
 
-def test_admin_routes_are_not_faulted(cp: LocalControlPlane) -> None:
-    cp.set_faults({"rules": [{"route": "*", "status": 500}]})
-    assert json.dumps(cp.stats())  # /_local/stats still answers
-    cp.clear_faults()
+def test_admin_routes_are_not_faulted(
+    cp: LocalControlPlane, client: httpx.Client, sandbox: dict[str, Any]
+) -> None:
+    """Under a fault on every route, each admin route still answers itself: its status, its
+    content type and its keys (an injected answer is a JSend error, or nothing at all)."""
+    rules = [{"route": "*", "latency_ms": 1}, {"route": "*", "status": 500}]
+    cp.set_faults({"rules": rules})
+    try:
+        failure(client.get("/v1/whoami"), 500)  # the faults are on: a /v1 route gets the 500
+        assert cp.fault_hits() == [1, 1]
+        sid = sandbox["id"]
+        stats = client.get("/_local/stats")
+        assert stats.status_code == 200, stats.text
+        assert stats.headers["content-type"].startswith("application/json")
+        assert {"pid", "requests", "responses_by_status", "live", "sandboxes", "faults"} <= set(stats.json())
+        assert sid in {row["id"] for row in stats.json()["sandboxes"]}
+        network = client.get(f"/_local/sandboxes/{sid}/network")
+        assert network.status_code == 200, network.text
+        assert network.json()["id"] == sid
+        assert {"egress", "allow_all", "enforced", "not_enforced", "namespace", "nat", "rules"} <= set(
+            network.json()
+        )
+        got = data(client.get("/_local/faults"))
+        assert got["rules"] == rules and got["hits"] == [1, 1]
+        again = data(client.put("/_local/faults", json={"rules": rules}))
+        assert again["rules"] == rules and again["hits"] == [0, 0]
+        assert data(client.get("/_local/faults"))["hits"] == [0, 0]  # no admin call fired a rule
+        cleared = data(client.delete("/_local/faults"))
+        assert cleared == {"latency_ms": 0, "boot_delay_ms": 0, "rules": [], "hits": []}
+    finally:
+        cp.clear_faults()  # before the fixtures delete the sandbox

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from cp_helpers import SandboxFactory, data, make_client, run, sh
+from waiting import wait_status
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
@@ -274,27 +275,20 @@ def test_the_sdk_files_and_snapshots_example(client: httpx.Client, sandbox_facto
     assert put.status_code == 200, put.text
     assert run(client, sid, "cat", "/root/seed.txt")["stdout"] == "seed\n"
     data(client.post(f"/v1/sandboxes/{sid}/pause"))
-    _wait_status(client, sid, "paused")
+    wait_status(client, sid, "paused", timeout=30)
     fork = data(client.post(f"/v1/sandboxes/{sid}/fork", json={}))
     try:
-        _wait_status(client, fork["id"], "running")
+        wait_status(client, fork["id"], "running", timeout=30)
         assert run(client, fork["id"], "cat", "/root/seed.txt")["stdout"] == "seed\n"
         assert (
             sh(client, fork["id"], "echo mine > /root/fork.txt && cat /root/fork.txt")["stdout"] == "mine\n"
         )
         data(client.post(f"/v1/sandboxes/{sid}/resume"))
-        _wait_status(client, sid, "running")
+        wait_status(client, sid, "running", timeout=30)
         seen = sh(client, sid, "cat /root/seed.txt; test -e /root/fork.txt && echo leaked || echo absent")
         assert seen["stdout"] == "seed\nabsent\n", seen
     finally:
         client.delete(f"/v1/sandboxes/{fork['id']}")
-
-
-def _wait_status(client: httpx.Client, sandbox_id: str, status: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while (now := data(client.get(f"/v1/sandboxes/{sandbox_id}"))["status"]) != status:
-        assert time.monotonic() < deadline, f"{sandbox_id} is {now}, not {status}"
-        time.sleep(0.05)
 
 
 # syscall numbers of keyctl and bpf per architecture (the guest runs the host's)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from cp_helpers import SandboxFactory, data, failure, sh
+from waiting import wait_status
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
@@ -23,14 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 def files_url(sandbox_id: str) -> str:
     return f"/v1/sandboxes/{sandbox_id}/files"
-
-
-def wait_status(client: httpx.Client, sandbox_id: str, status: str) -> None:
-    for _ in range(500):
-        if data(client.get(f"/v1/sandboxes/{sandbox_id}"))["status"] == status:
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"{sandbox_id} never became {status}")
 
 
 def test_root_files_survive_pause_and_fork_and_diverge(

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from cp_helpers import SandboxFactory, data, make_client, sandbox_factory_for, sh
+from waiting import wait_status
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
@@ -66,21 +67,52 @@ def test_no_egress_reaches_host_loopback(
     assert httpx.get(host_server).text == "hello-from-host"  # while the host reaches it
 
 
+def _sections(stdout: str) -> dict[str, list[str]]:
+    """``== name ==`` headed sections of a probe's output, as lists of lines."""
+    out: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("== ") and line.endswith(" =="):
+            current = out.setdefault(line[3:-3], [])
+        else:
+            current.append(line)
+    return out
+
+
 def test_guests_cannot_see_each_other_or_server_state(
     client: httpx.Client, cp: LocalControlPlane, sandbox_factory: SandboxFactory
 ) -> None:
     a, b = sandbox_factory(), sandbox_factory()
     sh(client, a["id"], "echo secret-a > /workspace/secret; echo tmp-a > /tmp/secret")
-    state = str(cp.state_dir)
+    # where A's files really are on the host: its root, <state>/sandboxes/<id>/fs (GuestLayout),
+    # a mount of the server's own mount namespace
+    state = cp.state_dir
+    a_root = state / "sandboxes" / a["id"] / "fs"
+    assert cp.guest_file(a["id"], "/workspace/secret") == Path(
+        f"/proc/{cp.pid}/root{a_root}/workspace/secret"
+    )
+    assert cp.guest_file(a["id"], "/workspace/secret").read_text() == "secret-a\n"
+    assert cp.guest_file(a["id"], "/tmp/secret").read_text() == "tmp-a\n"
     probe = (
-        "ls -A /workspace /tmp; "
-        f"ls -A {state} 2>&1; cat {state}/sandboxes/{a['id']}/workspace/secret 2>&1; "
-        f"find / -xdev -name secret 2>/dev/null | head; grep -rl secret-a /workspace /tmp 2>/dev/null; true"
+        "echo '== workspace =='; ls -A /workspace; echo '== tmp =='; ls -A /tmp; "
+        f"echo '== state =='; ls -A {state} {state}/sandboxes {a_root} 2>&1; "
+        f"echo '== a-files =='; cat {a_root}/workspace/secret {a_root}/tmp/secret 2>&1; true"
     )
     seen = sh(client, b["id"], probe)
-    assert "secret-a" not in seen["stdout"] and "tmp-a" not in seen["stdout"]
-    assert "secret" not in seen["stdout"].split(f"{state}/sandboxes")[0].split()
-    assert sh(client, a["id"], "cat /workspace/secret")["stdout"] == "secret-a\n"
+    parts = _sections(seen["stdout"])
+    assert set(parts) == {"workspace", "tmp", "state", "a-files"}, seen
+    # B's own root is fresh: nothing of A's in it
+    assert parts["workspace"] == [] and parts["tmp"] == [], seen
+    # the server's state (every guest's root in it) does not exist in B's view
+    assert parts["state"] == [
+        f"ls: cannot access '{path}': No such file or directory"
+        for path in (state, state / "sandboxes", a_root)
+    ], seen
+    assert parts["a-files"] == [
+        f"cat: {a_root}/{name}/secret: No such file or directory" for name in ("workspace", "tmp")
+    ], seen
+    assert "secret-a" not in seen["stdout"] and "tmp-a" not in seen["stdout"], seen
+    assert sh(client, a["id"], "cat /workspace/secret /tmp/secret")["stdout"] == "secret-a\ntmp-a\n"
     # the server's own credentials are nowhere in the guest's process environment
     assert (
         cp.api_key
@@ -141,7 +173,7 @@ def test_background_processes_live_until_delete_and_freeze_with_pause(
     before = ticks.stat().st_size
     assert wait_until(lambda: ticks.stat().st_size > before), "the background process is not running"
     data(client.post(f"/v1/sandboxes/{sid}/pause"))
-    assert wait_until(lambda: data(client.get(f"/v1/sandboxes/{sid}"))["status"] == "paused")
+    wait_status(client, sid, "paused", timeout=5)
     frozen = ticks.stat().st_size
     time.sleep(0.5)
     assert ticks.stat().st_size == frozen, "the background process ran while paused"

@@ -9,20 +9,11 @@ from typing import Any
 import httpx
 import pytest
 from cp_helpers import SandboxFactory, data, failure, make_client, sandbox_factory_for, sh
+from waiting import wait_status
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 PAUSED = "sandbox is paused; resume it before accessing files"
-
-
-def wait_status(c: httpx.Client, sandbox_id: str, status: str, timeout: float = 10.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        view = data(c.get(f"/v1/sandboxes/{sandbox_id}"))
-        if view["status"] == status or time.monotonic() > deadline:
-            assert view["status"] == status, view
-            return view
-        time.sleep(0.02)
 
 
 def test_pause_freezes_and_resume_continues(client: httpx.Client, sandbox: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import secrets
+import sys
 import threading
 import time
 import traceback
@@ -110,7 +111,10 @@ class LogCapture(logging.Handler):
         self.keep_level = keep_level  # records below it are scanned for the key, not kept
         self.scanned = 0
         self.leaked: list[str] = []
-        self.records: list[tuple[str | None, logging.LogRecord, str]] = []
+        # (case, level, text): the text only, never the record (whose args and traceback would
+        # keep a run's objects alive, growing the heap the soak measures)
+        self.records: list[tuple[str | None, int, str]] = []
+        self.kept_bytes = 0  # what the kept texts hold (the soak's heap bound discounts it)
         self._tag = threading.local()
         self._lock2 = threading.Lock()
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
@@ -125,7 +129,8 @@ class LogCapture(logging.Handler):
             if leaks_key(text):
                 self.leaked.append(text[:500])
             if record.levelno >= self.keep_level:
-                self.records.append((getattr(self._tag, "case", None), record, text))
+                self.records.append((getattr(self._tag, "case", None), record.levelno, text))
+                self.kept_bytes += sys.getsizeof(text) + 8
 
     @contextlib.contextmanager
     def case(self, case_id: str) -> Iterator[None]:
@@ -143,7 +148,7 @@ class LogCapture(logging.Handler):
 
     def mentioning(self, needle: str, min_level: int = logging.DEBUG) -> list[str]:
         with self._lock2:
-            return [t for _, r, t in self.records if needle in t and r.levelno >= min_level]
+            return [t for _, level, t in self.records if needle in t and level >= min_level]
 
     def key_leaks(self) -> list[tuple[str | None, str]]:
         with self._lock2:

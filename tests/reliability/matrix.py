@@ -136,6 +136,11 @@ EXECUTOR_GRACE = 2.0  # executor.EXEC_GRACE_SECONDS
 EXECUTOR_TIMEOUT_SHORT = 2  # CREATEOS_EXECUTOR_TIMEOUT_SECONDS when the exec hangs or drips
 EXECUTOR_CLOSE_WAIT = 5.0  # executor.CLOSE_WAIT_SECONDS (unchanged)
 MARGIN = 4.0  # seconds over a deadline a case may take (a loaded 2-core CI box)
+# A whole flow in a guest (lfx imported there: seconds of CPU) has no configured deadline that
+# says how long it takes: the case's bound is this many times a healthy run of the same flow,
+# measured in the same lane just before the case, plus the case's own deadlines.
+HEALTHY_FACTOR = 3.0
+FULL_FLOW_ESTIMATE = 20.0  # seconds: for ordering the cases only, before anything is measured
 
 
 @dataclass(frozen=True)
@@ -249,12 +254,14 @@ def expect(case: Case) -> Expect:
     return _generic(f)
 
 
-def deadline(case: Case) -> float:
-    """The longest a case may take by its configured deadlines (before MARGIN)."""
+def deadline(case: Case, healthy_flow: float | None = None) -> float:
+    """The longest a case may take by its configured deadlines (before MARGIN). A full-flow
+    case (``full_flow``) is bounded by ``healthy_flow``, the seconds a healthy run of the same
+    flow took in the same lane just before it (an estimate when None: ordering only)."""
     s, c, f = case.surface, case.call, case.fault
     healthy = 6.0 if s != "executor" else 8.0
     if full_flow(case):
-        healthy = 180.0  # a whole flow run in a guest under a loaded CI box
+        healthy = HEALTHY_FACTOR * (FULL_FLOW_ESTIMATE if healthy_flow is None else healthy_flow)
     if s == "component-reuse" and c in ("get", "resume", "create") and f in ("404", "409"):
         return COMPONENT_READY + 2 * CONTROL_TIMEOUT_NORMAL + healthy
     if not case.slow:
@@ -285,6 +292,12 @@ def deadline(case: Case) -> float:
     return healthy + CONTROL_TIMEOUT + 1.0
 
 
+# Delete faults after which the executor's delete thread logs "could not delete guest": every
+# fault but 404 (the native client counts it as deleted, docs/native-client.md). Filled in from
+# what the 16 cells log; see test_fault_matrix._check.
+EXECUTOR_DELETE_WARNS = frozenset(FAULTS) - {"404"}
+
+
 def full_flow(case: Case) -> bool:
     """Executor cases whose flow really runs in the guest (seconds of lfx import)."""
     if case.surface != "executor":
@@ -296,46 +309,24 @@ def full_flow(case: Case) -> bool:
     )
 
 
-# In `make test`, the executor's delete row runs one fault per distinct handling path: each
-# of its cases is a whole successful flow (lfx imported in the guest: seconds of CPU), and
-# the other faults take the same path. RELIABILITY_FULL=1 runs all of them.
-CI_EXECUTOR_DELETE_FAULTS = ("500", "404", "wrong-envelope", "reset", "hang")
-_BUDGET = (
-    "CI budget: a whole flow per case; same delete path as one of "
-    + ", ".join(CI_EXECUTOR_DELETE_FAULTS)
-    + " (run it with RELIABILITY_FULL=1)"
-)
-
-
 def pairs() -> list[tuple[str, str]]:
     """Every (surface, call) pair that exists: the surface makes that call."""
     return [(s, c) for s in SURFACES for c in CALLS if (s, c) not in NOT_MADE]
 
 
-def all_cases(full: bool = False) -> tuple[list[Case], list[tuple[Case, str]]]:
-    """The cells that exist (every existing pair x every fault): those run, and those skipped
-    for the CI budget (run with full=True)."""
-    run: list[Case] = []
-    skipped: list[tuple[Case, str]] = []
-    for s, c in pairs():
-        for f in FAULTS:
-            case = Case(s, c, f)
-            if not full and (s, c) == ("executor", "delete") and f not in CI_EXECUTOR_DELETE_FAULTS:
-                skipped.append((case, _BUDGET))
-            else:
-                run.append(case)
-    return run, skipped
+def all_cases() -> list[Case]:
+    """Every cell that exists: every existing pair x every fault. All of them run."""
+    return [Case(s, c, f) for s, c in pairs() for f in FAULTS]
 
 
-def coverage(run: int, skipped: int) -> list[str]:
+def coverage(run: int) -> list[str]:
     """The matrix's coverage, for the session summary."""
     existing = pairs()
     per_surface = {s: [c for t, c in existing if t == s] for s in SURFACES}
     cells = len(existing) * len(FAULTS)
     lines = [
         f"coverage: {len(existing)} of {len(SURFACES) * len(CALLS)} surface x call pairs exist "
-        f"x {len(FAULTS)} faults = {cells} cells; {run} run, {skipped} skipped for the CI budget "
-        f"({100 * run / cells:.0f} % of the cells run)",
+        f"x {len(FAULTS)} faults = {cells} cells; {run} run",
     ]
     lines += [f"  {s}: {', '.join(calls)}" for s, calls in per_surface.items()]
     return lines

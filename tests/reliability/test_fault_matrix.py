@@ -1,18 +1,23 @@
 """The fault matrix (see matrix.py for the contract): every control-plane call each surface
-makes x every fault createos-local injects x every surface, with four checks per case:
+makes x every fault createos-local injects x every surface, with five checks per case:
 
 1. the outcome is the contract's (the exact lfx class, a message naming the status and the
    fix; or a result where the contract says the run goes on);
 2. the API key appears nowhere: messages, reprs, tracebacks, and every log record at DEBUG
-   of every logger;
-3. the call returns within its configured deadline plus a small margin;
+   of every logger (for a delete fault, also every record of any thread naming the case's
+   guests: the executor's "could not delete guest" line comes from its delete thread);
+3. the call returns within its configured deadline plus a small margin; a case that runs a
+   whole flow in a guest, within 3 x a healthy run of that flow measured in the same lane
+   just before it, plus its own deadlines;
 4. once the faults are cleared, no guest is left behind, except a deliberately reused one
-   or, for a delete fault, one whose failed delete was logged (the documented behaviour).
+   or, for a delete fault, one whose failed delete was logged (the documented behaviour);
+5. the fault fired: createos-local counts each rule's hits, and a case whose rule never fired
+   proves nothing (a clean result would pass whether or not the fault happened).
 
 All cases run up front in parallel lanes (one createos-local per lane, RELIABILITY_LANES,
-default 8), then each case is reported as its own test. Only cells that exist are generated:
-a call a surface never makes has no cell (matrix.NOT_MADE says why); the summary prints the
-coverage, and the only skips are real ones (the CI budget of the executor's delete row).
+default 8), then each case is reported as its own test. Only cells that exist are generated
+(a call a surface never makes has no cell: matrix.NOT_MADE says why), and every one of them
+runs; the summary prints the coverage.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from waiting import wait_status
 
 from langflow_sandbox_createos import backend as backend_module
 from langflow_sandbox_createos import executor as executor_module
@@ -41,8 +47,7 @@ from .harness import Lane, Outcome, driver, lane_env, leaks_key
 from .matrix import Case, expect
 
 LANES = int(os.environ.get("RELIABILITY_LANES", "8"))
-FULL = os.environ.get("RELIABILITY_FULL", "") not in ("", "0")
-RUN_CASES, SKIPPED_CASES = matrix.all_cases(full=FULL)
+RUN_CASES = matrix.all_cases()
 ONLY = os.environ.get("RELIABILITY_MATRIX_ONLY")  # e.g. "backend" or "backend-create" (debugging)
 if ONLY:
     RUN_CASES = [c for c in RUN_CASES if c.id.startswith(ONLY)]
@@ -66,6 +71,10 @@ class CaseResult:
     failures: list[str] = field(default_factory=list)
     leftovers: list[dict[str, Any]] = field(default_factory=list)
     crashed: str | None = None
+    hits: list[int] = field(default_factory=list)  # createos-local's count for the case's rule
+    healthy: float | None = None  # full-flow cases: a healthy run's seconds, just before
+    created: set[str] = field(default_factory=set)  # guests the case's run made
+    delete_warnings: list[str] = field(default_factory=list)  # delete faults: the lines logged
 
 
 # --- one case, in one lane ----------------------------------------------------------------------
@@ -127,11 +136,27 @@ def _prepare_reuse(case: Case, lane: Lane) -> None:
         client: Any = lane.endpoint().client
         sandbox_id = warm.details["sandbox_id"]
         client.pause(sandbox_id)
-        deadline = time.monotonic() + 10
-        while client.get(sandbox_id)["status"] != "paused":
-            if time.monotonic() > deadline:
-                raise AssertionError("the warm guest did not pause")
-            time.sleep(0.05)
+        wait_status(client, sandbox_id, "paused")
+
+
+def _healthy_flow(case: Case) -> float:
+    """A healthy run of the case's flow, in the same lane and settings, just before the case:
+    the yardstick of its time bound (matrix.deadline)."""
+    out = driver.executor(OK_TEXT)
+    if out.exc is not None or OK_TEXT not in out.stdout:
+        raise AssertionError(f"the healthy run before the case failed: {out.exc or out.value!r:.300}")
+    return out.elapsed
+
+
+def _fired(case: Case, lane: Lane, exp: matrix.Expect) -> list[int]:
+    """The case's rule hits, read before the faults are cleared. A delete may still be on its
+    way when the run returns (the backend queues it): wait for it to meet the fault."""
+    deadline = time.monotonic() + (matrix.CONTROL_TIMEOUT + 3.0 if exp.delete_fault else 0.0)
+    while True:
+        hits = lane.plane.fault_hits()
+        if hits[0] or time.monotonic() >= deadline:
+            return hits
+        time.sleep(0.05)
 
 
 def _settle(
@@ -160,14 +185,13 @@ def _settle(
 
 
 def _check(
-    case: Case,
-    exp: matrix.Expect,
-    out: Outcome,
-    logs: harness.LogCapture,
-    lane: Lane,
-    leftovers: list[dict[str, Any]],
+    case: Case, exp: matrix.Expect, out: Outcome, logs: harness.LogCapture, lane: Lane, result: CaseResult
 ) -> list[str]:
     failures: list[str] = []
+    leftovers = result.leftovers
+    # 5. the fault fired (first: a case whose fault never fired passes for the wrong reason)
+    if not result.hits or result.hits[0] < 1:
+        failures.append(f"the fault never fired: {case.route} was not called under it (hits {result.hits})")
     # 1. outcome
     if exp.kind == "raise":
         if out.exc is None:
@@ -217,10 +241,24 @@ def _check(
     leaked = [t for t in logs.texts(case.id) if leaks_key(t)]
     if leaked:
         failures.append(f"the API key appears in {len(leaked)} log record(s): {leaked[0][:300]}")
+    if exp.delete_fault:
+        # a failed delete is logged by whichever thread ran it (the executor's delete thread,
+        # the native client's I/O thread): every record naming the case's guests, any thread
+        naming = [t for sid in sorted(result.created) for t in logs.mentioning(sid)]
+        result.delete_warnings = [t for t in naming if "could not delete guest" in t]
+        if any(leaks_key(t) for t in naming):
+            failures.append(f"the API key appears in a record naming the case's guest: {naming}")
+        if case.surface == "executor" and case.fault in matrix.EXECUTOR_DELETE_WARNS:
+            warned = [t for t in naming if "CreateOS executor: could not delete guest" in t]
+            if not warned:
+                failures.append(f"no 'could not delete guest' warning for {sorted(result.created)}: {naming}")
     # 3. the deadline
-    bound = matrix.deadline(case) + matrix.MARGIN
+    if matrix.full_flow(case) and result.healthy is None:
+        failures.append("a full-flow case without its healthy run")
+    bound = matrix.deadline(case, result.healthy) + matrix.MARGIN
     if out.elapsed > bound:
-        failures.append(f"took {out.elapsed:.1f} s, over its deadline bound of {bound:.1f} s")
+        measured = f" (a healthy run took {result.healthy:.1f} s just before)" if result.healthy else ""
+        failures.append(f"took {out.elapsed:.1f} s, over its deadline bound of {bound:.1f} s{measured}")
     # 4. no guest left behind (a failed delete may leave one, logged: the documented behaviour)
     for sb in leftovers:
         if exp.delete_fault:
@@ -249,15 +287,19 @@ def _run_case(case: Case, lane: Lane, logs: harness.LogCapture) -> CaseResult:
         try:
             harness.reset_preflight(lane.plane.url)
             _prepare_reuse(case, lane)
+            if matrix.full_flow(case):
+                result.healthy = _healthy_flow(case)
             before = lane.ids()
             lane.plane.set_faults(_faults(case))
             try:
                 out = _run_surface(case)
+                result.hits = _fired(case, lane, exp)
             finally:
                 lane.plane.clear_faults()
             result.outcome = out
             result.leftovers = _settle(case, lane, before, exp, logs)
-            result.failures = _check(case, exp, out, logs, lane, result.leftovers)
+            result.created = lane.ids() - before
+            result.failures = _check(case, exp, out, logs, lane, result)
         except BaseException:
             result.crashed = traceback.format_exc()
         finally:
@@ -363,6 +405,9 @@ def matrix_results() -> Iterator[dict[str, CaseResult]]:
                     "cases": {
                         cid: {
                             "elapsed": r.outcome.elapsed if r.outcome else None,
+                            "healthy_flow": r.healthy,
+                            "hits": r.hits,
+                            "delete_warnings": r.delete_warnings,
                             "failures": r.failures,
                             "crashed": bool(r.crashed),
                             "error": f"{type(r.outcome.exc).__name__}: {r.outcome.exc}"
@@ -379,41 +424,34 @@ def matrix_results() -> Iterator[dict[str, CaseResult]]:
 
 
 def _summarize() -> None:
-    reasons: dict[str, int] = {}
-    for case, reason in SKIPPED_CASES:
-        label = f"{case.surface} x {case.call}: {reason}"
-        reasons[label] = reasons.get(label, 0) + 1
     failed = sum(1 for r in RESULTS.values() if r.failures or r.crashed)
     timed = sorted((r.outcome.elapsed, cid) for cid, r in RESULTS.items() if r.outcome)
     total = sum(t for t, _ in timed)
+    flows = sorted(
+        (r.outcome.elapsed / r.healthy, cid, r.healthy, r.outcome.elapsed)
+        for cid, r in RESULTS.items()
+        if r.outcome and r.healthy
+    )
     lines = [
-        *matrix.coverage(len(RUN_CASES), len(SKIPPED_CASES)),
+        *matrix.coverage(len(RUN_CASES)),
         f"run: {len(RESULTS)} cases ({failed} failing) in {_STATS.get('seconds', 0):.0f} s on {_STATS.get('lanes')} lanes; "
         f"{_STATS.get('log_records', 0)} log records scanned for the key",
-        f"skipped: {len(SKIPPED_CASES)} cases:",
+        f"time in the surfaces: {total:.0f} s; slowest: "
+        + ", ".join(f"{c} {t:.1f} s" for t, c in timed[-6:]),
     ]
-    lines += [f"  {n} x {r}" for r, n in sorted(reasons.items())]
-    lines.append(
-        f"time in the surfaces: {total:.0f} s; slowest: " + ", ".join(f"{c} {t:.1f} s" for t, c in timed[-6:])
-    )
+    if flows:
+        lines.append(
+            f"full-flow cases ({len(flows)}), case / healthy run just before: "
+            + ", ".join(f"{c} {t:.1f}/{h:.1f} s" for _, c, h, t in flows[-6:])
+        )
     SUMMARY["fault matrix"] = lines
 
 
 # --- the report, one test per case ------------------------------------------------------------
 
 
-def _params() -> list[Any]:
-    params = [pytest.param(c, id=c.id) for c in RUN_CASES]
-    if not ONLY:
-        params += [
-            pytest.param(c, id=c.id, marks=pytest.mark.skip(reason=f"{c.surface} x {c.call}: {reason}"))
-            for c, reason in SKIPPED_CASES
-        ]
-    return params
-
-
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("case", _params())
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in RUN_CASES])
 def test_fault(case: Case, matrix_results: dict[str, CaseResult]) -> None:
     result = matrix_results[case.id]
     if result.crashed:
@@ -425,7 +463,7 @@ def test_fault(case: Case, matrix_results: dict[str, CaseResult]) -> None:
 @pytest.mark.timeout(1200)
 def test_matrix_size_and_no_stray_key(matrix_results: dict[str, CaseResult]) -> None:
     """The matrix is generated and complete; its size is in the session summary."""
-    assert len(RUN_CASES) + len(SKIPPED_CASES) == len(matrix.pairs()) * len(matrix.FAULTS) or ONLY
+    assert len(RUN_CASES) == len(matrix.pairs()) * len(matrix.FAULTS) or ONLY
     assert not {(c.surface, c.call) for c in RUN_CASES} & set(matrix.NOT_MADE)
     assert set(matrix_results) >= {c.id for c in RUN_CASES}
     # records of helper threads (deletes, exec readers) belong to no case: checked here

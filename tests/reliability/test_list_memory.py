@@ -78,15 +78,23 @@ def test_list_memory_does_not_grow_with_the_accounts_rows(plane: Any) -> None:
             looked_up.append(1)
         client.drain_deletes(0)
 
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(PHASE_OPS // THREADS):
+                op()
+        except BaseException as exc:  # re-raised in the test's own thread below
+            errors.append(exc)
+
     def phase() -> float:
-        threads = [
-            threading.Thread(target=lambda: [op() for _ in range(PHASE_OPS // THREADS)])
-            for _ in range(THREADS)
-        ]
+        threads = [threading.Thread(target=worker) for _ in range(THREADS)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if errors:
+            raise errors[0]  # an assertion in a worker fails the test, not only warns
         gc.collect()
         return _heap_mib()
 
