@@ -98,6 +98,12 @@ def install(root: Path, shared: Path, whl: Path, *extra: str, timeout: float) ->
     ok(inside(root, shared, ["rm", "-rf", VENV], 60))
     ok(inside(root, shared, ["python3", "-m", "venv", VENV], 600))
     pip = [f"{VENV}/bin/python", "-m", "pip", "install", "-q", "--only-binary", ":all:", "--no-cache-dir"]
+    # pip trusts what the host's pip trusts (a network that inspects TLS has its CA there);
+    # only pip, only for the download: the proof itself runs on the root's own bundle
+    host_ca = Path(os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt")
+    if host_ca.is_file():
+        shutil.copy(host_ca, shared / "host-ca.pem")
+        pip.insert(3, f"--cert={shared / 'host-ca.pem'}")
     ok(inside(root, shared, [*pip, str(copy), *extra], timeout))
 
 

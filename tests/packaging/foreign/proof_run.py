@@ -5,7 +5,7 @@ the environment, as Langflow does) and a component run (the CreateOS Sandbox com
 by lfx from the installed package, in a Graph) against createos-local on the host's loopback.
 Prints one JSON report on its last line.
 
-    python proof_run.py BASE_URL API_KEY
+    CREATEOS_SANDBOX_API_KEY=... python proof_run.py BASE_URL
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-base_url, api_key = sys.argv[1], sys.argv[2]
+base_url, api_key = sys.argv[1], os.environ["CREATEOS_SANDBOX_API_KEY"]
 os.environ.update(
     LANGFLOW_SANDBOX_BACKEND_PLUGINS="createos",
     LANGFLOW_SANDBOX_BACKEND="createos",
