@@ -31,10 +31,9 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
-
 import sysconfig
 import tempfile
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
