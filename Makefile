@@ -155,7 +155,7 @@ check-wheels: $(DIST_TOOLS)
 # The wheels of dist/ (make dist first) where nothing else helps them: the x86_64 one in a
 # Debian 13 root (CPython 3.13), a backend run and a component run on createos-local; the
 # aarch64 one in a Debian 12 arm64 root under qemu-user-static, tests/native. Roots made with
-# debootstrap, cached in /var/tmp/createos-proof-roots. Needs root; about 30 min (first run
+# debootstrap, cached in build/proof-roots. Needs root; about 30 min (first run
 # more: debootstrap, pip under emulation). tests/packaging/test_foreign_roots.py.
 prove-wheels: $(STAMP)
 	@ls dist/*-cp310-abi3-manylinux_2_28_*.whl >/dev/null || { echo "no wheels in dist/: make dist" >&2; exit 1; }

@@ -5,8 +5,8 @@
 # everything. A foreign architecture (arm64 on x86_64) runs under qemu-user-static through
 # binfmt_misc (registered here when it is not yet). Cached: a complete root is reused as is.
 #
-#   scripts/make-debian-root.sh trixie amd64 build/proof/trixie-amd64
-#   scripts/make-debian-root.sh bookworm arm64 build/proof/bookworm-arm64 openssl
+#   scripts/make-debian-root.sh trixie amd64 build/proof-roots/trixie-amd64
+#   scripts/make-debian-root.sh bookworm arm64 build/proof-roots/bookworm-arm64 openssl
 #
 # Needs root, debootstrap, and for arm64 qemu-user-static and binfmt-support (apt-get install).
 set -euo pipefail

@@ -9,9 +9,9 @@ on this host's loopback (`make prove-wheels`; too slow for every CI run: see doc
   `_createos` imports, and tests/native passes, every control plane it starts being a
   createos-local on the host (foreign/plane_spawner.py, foreign/remote_plane.py).
 
-The roots are cached in /var/tmp/createos-proof-roots (scripts/make-debian-root.sh; never in the
-checkout, whose sdist build walks every file there), entered with bubblewrap
-(their own /, the host's network and PIDs). Skipped unless CREATEOS_PROVE_ROOTS=1.
+The roots are made once by scripts/make-debian-root.sh and cached in build/proof-roots (a rerun
+reuses them; CREATEOS_PROOF_ROOTS elsewhere), entered with bubblewrap (their own /, the host's
+network and PIDs). Skipped unless CREATEOS_PROVE_ROOTS=1.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 DIST = Path(os.environ.get("CREATEOS_DIST", ROOT / "dist"))
-ROOTS = Path(os.environ.get("CREATEOS_PROOF_ROOTS", "/var/tmp/createos-proof-roots"))
+ROOTS = Path(os.environ.get("CREATEOS_PROOF_ROOTS", ROOT / "build" / "proof-roots"))
 VENV = "/opt/proof-venv"
 
 
