@@ -464,3 +464,76 @@ def test_manylinux_wheel_runs_where_libcurl_and_jansson_are_not_installed(
     refused = in_bubblewrap_without_system_libraries([plain, "-c", USE_THE_CLIENT, "x", "y"], tmp_path)
     assert refused.returncode != 0
     assert re.search(r"lib(curl|jansson)\.so\.4", refused.stderr), refused.stderr
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+# Where the distributions of the manylinux_2_28 baseline keep the system CA bundle (csrc/client.c,
+# ca_probe), and no bundle at all.
+CA_LAYOUTS = {
+    "debian-ubuntu": "/etc/ssl/certs/ca-certificates.crt",
+    "rhel-fedora-amazon": "/etc/pki/tls/certs/ca-bundle.crt",
+    "rhel-extracted": "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "suse": "/etc/ssl/ca-bundle.pem",
+    "none": None,
+}
+
+WHOAMI = """
+import sys
+from langflow_sandbox_createos import _createos
+with _createos.Client(sys.argv[1], sys.argv[2], control_timeout=10) as client:
+    try:
+        print("ok", "user_id" in client.whoami())
+    except _createos.UnavailableError as exc:
+        print("refused", exc)
+"""
+
+
+def test_manylinux_wheel_finds_the_ca_bundle_where_each_distribution_keeps_it(
+    manylinux: Path, tmp_path: Path
+) -> None:
+    """The self-contained wheel over HTTPS (createos-local with a private CA), in bubblewrap
+    with an /etc of its own that holds the CA bundle at one distribution's path and nowhere
+    else, SSL_CERT_FILE and CURL_CA_BUNDLE unset: it verifies the server at each path, and
+    refuses it when no bundle is there (the bundle found is what it trusts)."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", "ca.key", "-out", "ca.pem", cwd=pki)  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+            "-keyout", "server.key", "-out", "server.csr", cwd=pki)  # fmt: skip
+    (pki / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", "san.ext", "-out", "server.pem", cwd=pki)  # fmt: skip
+    python = fresh_venv(tmp_path / "venv")
+    run([uv(), "pip", "install", "-q", "--no-deps", "--python", python, manylinux], cwd=tmp_path)
+
+    from langflow_sandbox_createos.local.testing import LocalControlPlane
+
+    seen = {}
+    with LocalControlPlane(
+        boot_delay_ms=0, tls=(pki / "server.pem", pki / "server.key", pki / "ca.pem")
+    ) as plane:
+        assert plane.url.startswith("https://localhost:"), plane.url
+        for layout, path in CA_LAYOUTS.items():
+            # an /etc of its own: what the interpreter and the resolver need, and the bundle
+            bwrap = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/etc"]
+            for keep in ("ld.so.cache", "hosts", "nsswitch.conf", "passwd", "group", "resolv.conf"):
+                if Path("/etc", keep).exists():
+                    bwrap += ["--ro-bind", f"/etc/{keep}", f"/etc/{keep}"]
+            if path:
+                bwrap += ["--ro-bind", str(pki / "ca.pem"), path]
+            env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+            proc = subprocess.run(
+                [*bwrap, "--die-with-parent", "--", str(python), "-c", WHOAMI, plane.url, plane.api_key],
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert proc.returncode == 0, (layout, proc.stdout, proc.stderr)
+            seen[layout] = proc.stdout.strip()
+    for layout, path in CA_LAYOUTS.items():
+        if path:
+            assert seen[layout] == "ok True", (layout, seen)
+        else:
+            assert seen[layout].startswith("refused") and "certificate" in seen[layout].lower(), seen
