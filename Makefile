@@ -157,7 +157,7 @@ check-wheels: $(DIST_TOOLS)
 # aarch64 one in a Debian 12 arm64 root under qemu-user-static, tests/native. Roots made with
 # debootstrap, cached in build/proof-roots. Needs root; about 30 min (first run
 # more: debootstrap, pip under emulation). tests/packaging/test_foreign_roots.py.
-prove-wheels: $(STAMP)
+prove-wheels: $(STAMP) $(DIST_TOOLS)
 	@ls dist/*-cp310-abi3-manylinux_2_28_*.whl >/dev/null || { echo "no wheels in dist/: make dist" >&2; exit 1; }
 	apt-get install -y -q debootstrap qemu-user-static binfmt-support >/dev/null
 	CREATEOS_PROVE_ROOTS=1 $(VPY) -m pytest -p no:cacheprovider -s -v tests/packaging/test_foreign_roots.py $(PYTEST_ARGS)

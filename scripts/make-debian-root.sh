@@ -3,7 +3,8 @@
 # debootstrap from Debian's mirror: variant minbase plus python3, python3-venv, ca-certificates
 # and whatever else is named. No compiler and no libcurl/jansson headers: the wheel must bring
 # everything. A foreign architecture (arm64 on x86_64) runs under qemu-user-static through
-# binfmt_misc (registered here when it is not yet). Cached: a complete root is reused as is.
+# binfmt_misc (registered here when it is not yet). Cached: a complete root is reused as is; one
+# of the same suite and architecture that lacks some of the packages named gets them with apt-get.
 #
 #   scripts/make-debian-root.sh trixie amd64 build/proof-roots/trixie-amd64
 #   scripts/make-debian-root.sh bookworm arm64 build/proof-roots/bookworm-arm64 openssl
@@ -17,7 +18,6 @@ shift 3
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 include=$(IFS=,; echo "python3,python3-venv,ca-certificates${*:+,$*}")
 [ -f "$DEST/.complete" ] && [ "$(cat "$DEST/.complete")" = "$SUITE $ARCH $include" ] && exit 0
-command -v debootstrap >/dev/null || { echo "debootstrap missing: apt-get install debootstrap" >&2; exit 1; }
 
 foreign=()
 if [ "$ARCH" != "$(dpkg --print-architecture)" ]; then
@@ -31,6 +31,16 @@ if [ "$ARCH" != "$(dpkg --print-architecture)" ]; then
   foreign=(--foreign)
 fi
 
+# the same suite and architecture, made with fewer packages: add the others
+if [ -f "$DEST/.complete" ] && [ "$(cut -d' ' -f1,2 "$DEST/.complete")" = "$SUITE $ARCH" ]; then
+  { chroot "$DEST" apt-get update -q && chroot "$DEST" env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -q --no-install-recommends ${include//,/ } && chroot "$DEST" apt-get clean; } \
+    >>"$DEST.log" 2>&1 || { tail -30 "$DEST.log" >&2; exit 1; }
+  echo "$SUITE $ARCH $include" >"$DEST/.complete"
+  exit 0
+fi
+
+command -v debootstrap >/dev/null || { echo "debootstrap missing: apt-get install debootstrap" >&2; exit 1; }
 rm -rf "$DEST"
 mkdir -p "$(dirname "$DEST")"
 debootstrap --variant=minbase --arch="$ARCH" --include="$include" "${foreign[@]}" \
