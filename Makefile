@@ -12,8 +12,10 @@ UV := $(VENV)/bin/uv
 NATIVE_SRC := $(wildcard csrc/*.c csrc/*.h) setup.py pyproject.toml
 PYTEST_ARGS ?=
 FUZZ_SECONDS ?= 20
+comma := ,
+space := $(subst ,, )
 
-.PHONY: run langflow dist wheel-manylinux test test-fast sanitize fuzz native-oldlibs format-c bench soak lint format typecheck deps native clean
+.PHONY: run langflow dist wheel-manylinux check-wheels bench-abi3 prove-wheels test test-fast sanitize fuzz native-oldlibs format-c bench soak lint format typecheck deps native clean
 
 deps:
 	@scripts/install-system-deps.sh
@@ -96,6 +98,11 @@ bench: $(STAMP)
 	$(VPY) -m pip install -q --no-build-isolation -e '.[bench]'
 	$(VPY) benchmarks/run.py
 
+# S2 (client CPU per backend run) for the abi3 build and the version-specific build of the
+# same sources, interleaved on one createos-local: docs/performance.md. About 3 min.
+bench-abi3: $(STAMP)
+	$(VPY) benchmarks/abi3_s2.py
+
 soak: $(STAMP)
 	SOAK_SECONDS=$${SOAK_SECONDS:-1800} $(VPY) -m pytest -o addopts=-ra tests/reliability/test_soak.py -s $(PYTEST_ARGS)
 
@@ -114,20 +121,46 @@ typecheck: $(STAMP)
 run: $(STAMP) $(LANGFLOW_STAMP)
 	VENV=$(VENV) VENV_LANGFLOW=$(VENV_LANGFLOW) EXECUTOR=$(EXECUTOR) scripts/run-langflow.sh
 
-# What a user installs: dist/ gets the sdist and the manylinux wheel (the recommended
-# artifact: it bundles libcurl, jansson and their dependencies), the two files a release
-# uploads; dist/plain/ gets the wheel built from the sdist, which links the system libcurl
-# and jansson (fine where they are installed; an index refuses its linux_x86_64 tag).
-# auditwheel picks the best tag these libraries allow: on Debian 12 that is
-# manylinux_2_34_x86_64 (glibc >= 2.34), not manylinux2014. See docs/operations.md.
-dist: $(STAMP) $(UV)
+# What a user installs (docs/operations.md, "Packaging"): dist/ gets the sdist and one
+# self-contained wheel per Linux architecture, each cp310-abi3 (CPython 3.10 and later, the
+# Limited API) and manylinux_2_28 (glibc 2.28 and later): x86_64 and aarch64, cross-compiled with
+# zig cc from PyPI's ziglang, libcurl + nghttp2 + OpenSSL + jansson built from Debian 13's
+# sources (verified downloads from Debian's mirror, cached in build/deps) and linked in
+# statically. Each wheel is built from the sdist, then checked (make check-wheels). From a clean
+# checkout about 25 min on 2 cores (the static libraries: OpenSSL most of it); about 2 min
+# when build/deps is cached.
+DIST_ARCHES ?= x86_64 aarch64
+DIST_TOOLS := $(VENV)/.dist-tools
+$(DIST_TOOLS): $(VPY)
+	$(VPY) -m pip install -q 'ziglang>=0.13' 'cmake>=3.20' 'abi3audit>=0.0.20' 'auditwheel>=6' 'build>=1.2' 'setuptools>=77' wheel
+	@touch $@
+
+dist: $(STAMP) $(UV) $(DIST_TOOLS)
 	rm -rf dist
-	$(VPY) -m build --installer uv --outdir dist/plain .
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/auditwheel repair --plat auto -w dist dist/plain/*.whl
-	mv dist/plain/*.tar.gz dist/
-	@ls -l dist dist/plain
+	$(VPY) -m build --installer uv --sdist --outdir dist .
+	for arch in $(DIST_ARCHES); do \
+	  PYTHON=$(abspath $(VPY)) nice -n 10 scripts/build-wheel.sh $$arch dist/*.tar.gz dist || exit 1; \
+	done
+	$(MAKE) --no-print-directory check-wheels
+	@ls -l dist
 
 wheel-manylinux: dist
+
+# Every wheel in dist/: abi3audit (no symbol outside the 3.10 stable ABI), auditwheel show
+# (the manylinux tag of the file name is one its symbols allow, nothing outside the manylinux
+# policy is linked), the tag and the architecture each wheel must have. Fails on any mismatch.
+check-wheels: $(DIST_TOOLS)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VPY) scripts/check-wheels.py --expect $(subst $(space),$(comma),$(DIST_ARCHES)) dist/*.whl
+
+# The wheels of dist/ (make dist first) where nothing else helps them: the x86_64 one in a
+# Debian 13 root (CPython 3.13), a backend run and a component run on createos-local; the
+# aarch64 one in a Debian 12 arm64 root under qemu-user-static, tests/native. Roots made with
+# debootstrap, cached in build/proof-roots. Needs root; about 30 min (first run
+# more: debootstrap, pip under emulation). tests/packaging/test_foreign_roots.py.
+prove-wheels: $(STAMP) $(DIST_TOOLS)
+	@ls dist/*-cp310-abi3-manylinux_2_28_*.whl >/dev/null || { echo "no wheels in dist/: make dist" >&2; exit 1; }
+	apt-get install -y -q debootstrap qemu-user-static binfmt-support >/dev/null
+	CREATEOS_PROVE_ROOTS=1 $(VPY) -m pytest -p no:cacheprovider -s -v tests/packaging/test_foreign_roots.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf build dist *.egg-info langflow_sandbox_createos/*.so csrc/fuzz/bin

@@ -85,6 +85,7 @@ def op_info(_: dict[str, Any]) -> dict[str, Any]:
         from langflow_sandbox_createos import _createos
 
         info["libcurl"] = _createos.curl_version
+        info["native"] = _createos.__file__  # which build (benchmarks/abi3_s2.py)
     else:
         info["httpx"] = version("httpx")
     return info

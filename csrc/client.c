@@ -194,9 +194,34 @@ static const char *arg_cstr(PyObject *o, const char *what, size_t maxlen)
     return s;
 }
 
+#if COS_CA_PROBE
+/* The self-contained wheel's libcurl knows one CA bundle path, Debian's; the
+ * distributions its glibc 2.28 baseline covers keep the system bundle in one
+ * of these (the first readable one wins; SSL_CERT_FILE and CURL_CA_BUNDLE come
+ * first). When none is readable, libcurl's default stays: Debian's file and
+ * /etc/ssl/certs. */
+static const char *const ca_bundles[] = {
+    "/etc/ssl/certs/ca-certificates.crt",               /* Debian, Ubuntu, Arch, Gentoo */
+    "/etc/pki/tls/certs/ca-bundle.crt",                  /* RHEL, CentOS, Fedora, Amazon Linux */
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", /* RHEL/Fedora: what the above links to */
+    "/etc/ssl/ca-bundle.pem",                            /* openSUSE, SLES */
+    "/etc/pki/tls/cacert.pem",                           /* OpenELEC */
+    "/etc/ssl/cert.pem",                                 /* Alpine, Void */
+};
+
+static const char *ca_probe(void)
+{
+    size_t i;
+    for (i = 0; i < sizeof ca_bundles / sizeof ca_bundles[0]; i++)
+        if (access(ca_bundles[i], R_OK) == 0)
+            return ca_bundles[i];
+    return NULL;
+}
+#endif
+
 static PyObject *client_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
 {
-    ClientObject *self = (ClientObject *)tp->tp_alloc(tp, 0);
+    ClientObject *self = (ClientObject *)cos_alloc(tp);
     (void)args;
     (void)kwds;
     return (PyObject *)self;
@@ -221,8 +246,8 @@ static int track(ClientObject *self)
     Py_ssize_t i;
     if ((live = PyList_New(0)) == NULL)
         return -1;
-    for (i = 0; i < PyList_GET_SIZE(st->clients); i++) {
-        PyObject *r = PyList_GET_ITEM(st->clients, i), *obj = PyObject_CallNoArgs(r);
+    for (i = 0; i < COS_LIST_SIZE(st->clients); i++) {
+        PyObject *r = COS_LIST_ITEM(st->clients, i), *obj = PyObject_CallNoArgs(r);
         int dead = obj == Py_None;
         Py_XDECREF(obj);
         if (obj == NULL || (!dead && PyList_Append(live, r) < 0))
@@ -235,7 +260,9 @@ static int track(ClientObject *self)
         goto error;
     }
     Py_DECREF(ref);
-    Py_SETREF(st->clients, live);
+    ref = st->clients;
+    st->clients = live;
+    Py_DECREF(ref);
     return 0;
 error:
     Py_DECREF(live);
@@ -292,6 +319,10 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
     ca = getenv("SSL_CERT_FILE");
     if (ca == NULL || ca[0] == '\0')
         ca = getenv("CURL_CA_BUNDLE");
+#if COS_CA_PROBE
+    if (ca == NULL || ca[0] == '\0')
+        ca = ca_probe();
+#endif
     self->cfg.key = strdup(key);
     self->cfg.user_agent = strdup(ua);
     self->cfg.ca_file = ca && ca[0] ? strdup(ca) : NULL;
@@ -358,7 +389,7 @@ static void client_dealloc(ClientObject *self)
     client_close_engine(self);
     free_cfg(&self->cfg);
     client_clear(self);
-    tp->tp_free((PyObject *)self);
+    cos_free((PyObject *)self);
     Py_DECREF(tp);
 }
 
@@ -664,7 +695,16 @@ static PyObject *upload_impl(ClientObject *self, PyObject *args, PyObject *kwds)
     static char *kw[] = {"sandbox_id", "path", "data", "file", NULL};
     PyObject *id_o, *path_o, *data_o = Py_None, *file_o = Py_None, *fspath = NULL, *result = NULL;
     const char *id, *path;
+#if COS_HAVE_BUFFER_API
     Py_buffer buf = {0};
+#else
+    struct {
+        char *buf;
+        Py_ssize_t len;
+        PyObject *obj; /* bytes: the caller's own, or a copy of another bytes-like object */
+    } buf = {0};
+    PyObject *view;
+#endif
     FILE *fp = NULL;
     long long size = 0;
     native_call nc;
@@ -679,10 +719,22 @@ static PyObject *upload_impl(ClientObject *self, PyObject *args, PyObject *kwds)
         goto done;
     }
     if (data_o != Py_None) {
+#if COS_HAVE_BUFFER_API
         if (PyObject_GetBuffer(data_o, &buf, PyBUF_SIMPLE) < 0)
             goto done;
+#else
+        /* what PyObject_GetBuffer accepts, as memoryview() does; not bytes: copied */
+        if (PyBytes_Check(data_o)) {
+            buf.obj = Py_NewRef(data_o);
+        } else if ((view = PyMemoryView_FromObject(data_o)) != NULL) {
+            buf.obj = PyBytes_FromObject(view);
+            Py_DECREF(view);
+        }
+        if (buf.obj == NULL || PyBytes_AsStringAndSize(buf.obj, &buf.buf, &buf.len) < 0)
+            goto done;
+#endif
     } else if (!PyUnicode_FSConverter(file_o, &fspath) ||
-               (fp = open_regular_file(PyBytes_AS_STRING(fspath), file_o, &size)) == NULL) {
+               (fp = open_regular_file(COS_BYTES_DATA(fspath), file_o, &size)) == NULL) {
         goto done;
     }
     if (call_start(&nc, self, NULL) < 0)
@@ -692,8 +744,12 @@ static PyObject *upload_impl(ClientObject *self, PyObject *args, PyObject *kwds)
     if (call_finish(&nc, rc) == 0)
         result = Py_NewRef(Py_None);
 done:
+#if COS_HAVE_BUFFER_API
     if (buf.obj)
         PyBuffer_Release(&buf);
+#else
+    Py_XDECREF(buf.obj);
+#endif
     if (fp)
         fclose(fp);
     Py_XDECREF(fspath);
@@ -861,20 +917,20 @@ static int parse_files(PyObject *files_o, PyObject **snapshot, cos_file **files,
         goto type_error;
     if ((*snapshot = PySequence_Tuple(files_o)) == NULL)
         return -1;
-    *nfiles = PyTuple_GET_SIZE(*snapshot);
+    *nfiles = COS_TUPLE_SIZE(*snapshot);
     if (*nfiles > 0 && (*files = PyMem_Calloc((size_t)*nfiles, sizeof **files)) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     for (i = 0; i < *nfiles; i++) {
-        PyObject *item = PyTuple_GET_ITEM(*snapshot, i);
+        PyObject *item = COS_TUPLE_ITEM(*snapshot, i);
         char *data;
         Py_ssize_t len;
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
-            !PyBytes_Check(PyTuple_GET_ITEM(item, 1)))
+        if (!PyTuple_Check(item) || COS_TUPLE_SIZE(item) != 2 ||
+            !PyBytes_Check(COS_TUPLE_ITEM(item, 1)))
             goto type_error;
-        if (((*files)[i].path = arg_cstr(PyTuple_GET_ITEM(item, 0), "file path", 4096)) == NULL ||
-            PyBytes_AsStringAndSize(PyTuple_GET_ITEM(item, 1), &data, &len) < 0)
+        if (((*files)[i].path = arg_cstr(COS_TUPLE_ITEM(item, 0), "file path", 4096)) == NULL ||
+            PyBytes_AsStringAndSize(COS_TUPLE_ITEM(item, 1), &data, &len) < 0)
             return -1;
         (*files)[i].data = data; /* immutable bytes, kept alive by the snapshot */
         (*files)[i].len = (size_t)len;

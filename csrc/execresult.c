@@ -63,7 +63,7 @@ static void er_dealloc(ExecResultObject *self)
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     er_clear(self);
-    tp->tp_free((PyObject *)self);
+    cos_free((PyObject *)self);
     Py_DECREF(tp);
 }
 
@@ -81,7 +81,7 @@ static PyObject *er_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
                                      &exec_ms, &sot, &set, &streamed, &sid, &timed_out))
         return NULL;
     (void)sid;
-    self = (ExecResultObject *)tp->tp_alloc(tp, 0);
+    self = (ExecResultObject *)cos_alloc(tp);
     if (self == NULL)
         return NULL;
     self->stdout_ = so ? Py_NewRef(so) : PyUnicode_FromString("");
@@ -106,8 +106,8 @@ static PyObject *er_repr(ExecResultObject *self)
     return PyUnicode_FromFormat(
         "ExecResult(exit_code=%R, stdout=<%zd chars%s>, stderr=<%zd chars%s>, error=%R, "
         "streamed=%R, timed_out=%R, sandbox_id=%R)",
-        self->exit_code, PyUnicode_GET_LENGTH(self->stdout_),
-        self->stdout_truncated == Py_True ? ", truncated" : "", PyUnicode_GET_LENGTH(self->stderr_),
+        self->exit_code, COS_UNICODE_LENGTH(self->stdout_),
+        self->stdout_truncated == Py_True ? ", truncated" : "", COS_UNICODE_LENGTH(self->stderr_),
         self->stderr_truncated == Py_True ? ", truncated" : "", self->error, self->streamed,
         self->timed_out, self->sandbox_id);
 }
@@ -137,7 +137,7 @@ PyObject *cos_decode(const char *s, size_t n)
 
 PyObject *cos_make_result(cos_state *st, cos_exec_out *x, const char *sandbox_id)
 {
-    ExecResultObject *r = (ExecResultObject *)st->ExecResultType->tp_alloc(st->ExecResultType, 0);
+    ExecResultObject *r = (ExecResultObject *)cos_alloc(st->ExecResultType);
     if (r == NULL)
         return NULL;
     r->stdout_ = cos_decode(x->out[0].buf.data, x->out[0].buf.len);

@@ -70,7 +70,7 @@ PyObject *cos_raise(cos_state *st, const cos_err *err)
     msg = PyUnicode_DecodeUTF8(err->msg, (Py_ssize_t)strlen(err->msg), "replace");
     if (msg == NULL)
         goto error;
-    exc = PyObject_CallOneArg(type, msg);
+    exc = PyObject_CallFunctionObjArgs(type, msg, NULL);
     if (exc == NULL)
         goto error;
 #define SET(name, value)                                                                           \
@@ -100,6 +100,29 @@ error:
     return NULL;
 }
 
+PyObject *cos_alloc(PyTypeObject *tp)
+{
+    allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+    return alloc(tp, 0);
+}
+
+void cos_free(PyObject *self)
+{
+    freefunc free_ = (freefunc)PyType_GetSlot(Py_TYPE(self), Py_tp_free);
+    free_(self);
+}
+
+PyObject *cos_type_name(PyObject *o)
+{
+    PyObject *name = PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__name__");
+    if (name == NULL || !PyUnicode_Check(name)) {
+        PyErr_Clear();
+        Py_XDECREF(name);
+        name = PyUnicode_FromString("?");
+    }
+    return name;
+}
+
 static PyObject *after_fork_child(PyObject *module, PyObject *unused)
 {
     cos_state *st = get_state(module);
@@ -107,10 +130,10 @@ static PyObject *after_fork_child(PyObject *module, PyObject *unused)
     (void)unused;
     if (st->clients == NULL)
         Py_RETURN_NONE;
-    n = PyList_GET_SIZE(st->clients);
+    n = COS_LIST_SIZE(st->clients);
     for (i = 0; i < n; i++) {
         /* calling a weakref gives a new reference to its object, or None */
-        PyObject *obj = PyObject_CallNoArgs(PyList_GET_ITEM(st->clients, i));
+        PyObject *obj = PyObject_CallNoArgs(COS_LIST_ITEM(st->clients, i));
         if (obj != NULL && obj != Py_None)
             cos_client_after_fork(obj);
         Py_XDECREF(obj);

@@ -5,6 +5,10 @@
 #define COS_MODULE_H
 
 #define PY_SSIZE_T_CLEAN
+/* setup.py defines Py_LIMITED_API=0x030A0000 (the stable ABI of CPython 3.10, one
+ * cp310-abi3 wheel for 3.10 and later) unless CREATEOS_FULL_API=1 asks for a
+ * version-specific build; the code below serves both (docs/native-client.md,
+ * "The stable ABI"). */
 #include <Python.h>
 
 #if PY_VERSION_HEX < 0x030C0000
@@ -14,6 +18,42 @@
 #define Py_T_OBJECT_EX T_OBJECT_EX
 #define Py_T_PYSSIZET T_PYSSIZET
 #define Py_READONLY READONLY
+#endif
+
+/* The few accessors the Limited API has only as functions: macros (no checks)
+ * in a version-specific build, the checked functions in the abi3 one. */
+#ifdef Py_LIMITED_API
+#define COS_TUPLE_SIZE(t) PyTuple_Size(t)
+#define COS_TUPLE_ITEM(t, i) PyTuple_GetItem((t), (i))
+#define COS_LIST_SIZE(l) PyList_Size(l)
+#define COS_LIST_ITEM(l, i) PyList_GetItem((l), (i))
+#define COS_LIST_SET(l, i, v) ((void)PyList_SetItem((l), (i), (v)))
+#define COS_FLOAT_VALUE(f) PyFloat_AsDouble(f)
+#define COS_UNICODE_LENGTH(s) PyUnicode_GetLength(s)
+#define COS_BYTES_DATA(b) PyBytes_AsString(b)
+#else
+#define COS_TUPLE_SIZE(t) PyTuple_GET_SIZE(t)
+#define COS_TUPLE_ITEM(t, i) PyTuple_GET_ITEM((t), (i))
+#define COS_LIST_SIZE(l) PyList_GET_SIZE(l)
+#define COS_LIST_ITEM(l, i) PyList_GET_ITEM((l), (i))
+#define COS_LIST_SET(l, i, v) PyList_SET_ITEM((l), (i), (v))
+#define COS_FLOAT_VALUE(f) PyFloat_AS_DOUBLE(f)
+#define COS_UNICODE_LENGTH(s) PyUnicode_GET_LENGTH(s)
+#define COS_BYTES_DATA(b) PyBytes_AS_STRING(b)
+#endif
+/* The buffer protocol joined the Limited API in 3.11: a 3.10 abi3 build takes
+ * bytes as they are and copies other bytes-like objects (client.c, upload). */
+#if !defined(Py_LIMITED_API) || Py_LIMITED_API + 0 >= 0x030B0000
+#define COS_HAVE_BUFFER_API 1
+#else
+#define COS_HAVE_BUFFER_API 0
+#endif
+
+/* setup.py's self-contained build (CREATEOS_STATIC_PREFIX) looks for the system
+ * CA bundle itself (client.c, ca_probe); a build on the system libcurl keeps
+ * that libcurl's own default. */
+#ifndef COS_CA_PROBE
+#define COS_CA_PROBE 0
 #endif
 
 #include <jansson.h>
@@ -56,5 +96,10 @@ json_t *cos_arg_json(PyObject *o, int want_object, const char *what, int *ok);
 json_t *cos_arg_str_list(PyObject *o, const char *what, int *ok);
 /* In a forked child: drop the engine inherited from the parent. */
 void cos_client_after_fork(PyObject *client);
+/* tp_alloc and tp_free of a heap type, as the Limited API reaches them. */
+PyObject *cos_alloc(PyTypeObject *tp);
+void cos_free(PyObject *self);
+/* The name of o's type (new reference; tp_name is out of the Limited API's reach). */
+PyObject *cos_type_name(PyObject *o);
 
 #endif

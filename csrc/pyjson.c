@@ -72,7 +72,7 @@ PyObject *cos_json_to_py(json_t *j)
                 Py_DECREF(out);
                 return NULL;
             }
-            PyList_SET_ITEM(out, (Py_ssize_t)i, v);
+            COS_LIST_SET(out, (Py_ssize_t)i, v);
         }
         return out;
     case JSON_STRING:
@@ -117,25 +117,28 @@ static json_t *mapping_to_json(PyObject *o, int depth)
         PyErr_NoMemory();
         goto error;
     }
-    n = PyTuple_GET_SIZE(snap);
+    n = COS_TUPLE_SIZE(snap);
     for (i = 0; i < n; i++) {
-        PyObject *kv = PyTuple_GET_ITEM(snap, i), *key;
+        PyObject *kv = COS_TUPLE_ITEM(snap, i), *key;
         const char *ks;
         Py_ssize_t klen;
         json_t *v;
-        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2) {
-            PyErr_Format(PyExc_TypeError,
-                         "%.100s.items() must yield (key, value) pairs, got %.100s",
-                         Py_TYPE(o)->tp_name, Py_TYPE(kv)->tp_name);
+        if (!PyTuple_Check(kv) || COS_TUPLE_SIZE(kv) != 2) {
+            PyObject *mname = cos_type_name(o), *iname = cos_type_name(kv);
+            if (mname != NULL && iname != NULL)
+                PyErr_Format(PyExc_TypeError, "%.100U.items() must yield (key, value) pairs, got %.100U",
+                             mname, iname);
+            Py_XDECREF(mname);
+            Py_XDECREF(iname);
             goto error;
         }
-        key = PyTuple_GET_ITEM(kv, 0);
+        key = COS_TUPLE_ITEM(kv, 0);
         if (!PyUnicode_Check(key)) {
             PyErr_SetString(PyExc_TypeError, "JSON object keys must be str");
             goto error;
         }
         if ((ks = PyUnicode_AsUTF8AndSize(key, &klen)) == NULL ||
-            (v = py_to_json(PyTuple_GET_ITEM(kv, 1), depth + 1)) == NULL)
+            (v = py_to_json(COS_TUPLE_ITEM(kv, 1), depth + 1)) == NULL)
             goto error;
         if (set_member(out, ks, (size_t)klen, v) < 0)
             goto error;
@@ -164,9 +167,9 @@ static json_t *sequence_to_json(PyObject *o, int depth)
         PyErr_NoMemory();
         goto error;
     }
-    n = PyTuple_GET_SIZE(snap);
+    n = COS_TUPLE_SIZE(snap);
     for (i = 0; i < n; i++) {
-        json_t *v = py_to_json(PyTuple_GET_ITEM(snap, i), depth + 1);
+        json_t *v = py_to_json(COS_TUPLE_ITEM(snap, i), depth + 1);
         if (v == NULL)
             goto error;
         if (json_array_append_new(out, v) < 0) {
@@ -186,6 +189,7 @@ error:
 static json_t *py_to_json(PyObject *o, int depth)
 {
     Py_ssize_t n;
+    PyObject *name;
 
     if (depth > 64) {
         PyErr_SetString(PyExc_ValueError, "JSON value nested too deeply");
@@ -207,7 +211,7 @@ static json_t *py_to_json(PyObject *o, int depth)
         return no_memory_if_null(json_integer(v));
     }
     if (PyFloat_Check(o)) {
-        double d = PyFloat_AS_DOUBLE(o);
+        double d = COS_FLOAT_VALUE(o);
         if (!isfinite(d)) {
             PyErr_SetString(PyExc_ValueError, "NaN and infinity are not JSON");
             return NULL;
@@ -226,7 +230,10 @@ static json_t *py_to_json(PyObject *o, int depth)
     if (PyList_Check(o) || PyTuple_Check(o) ||
         (PySequence_Check(o) && !PyBytes_Check(o) && !PyByteArray_Check(o)))
         return sequence_to_json(o, depth);
-    PyErr_Format(PyExc_TypeError, "%.100s is not JSON-serializable", Py_TYPE(o)->tp_name);
+    if ((name = cos_type_name(o)) != NULL) {
+        PyErr_Format(PyExc_TypeError, "%.100U is not JSON-serializable", name);
+        Py_DECREF(name);
+    }
     return NULL;
 }
 
