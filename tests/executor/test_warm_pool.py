@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,13 +188,19 @@ CHILD = textwrap.dedent(
     executor_pool.take(runtime.endpoints.get(), settings.executor_settings(), {})
     assert executor_pool.pool().wait_full(240), executor_pool.pool().stats()
     print(json.dumps(executor_pool.pool().ready_ids()), flush=True)
-    if sys.argv[1] == "crash":
-        os._exit(1)  # no atexit: the guests are left behind
+    if sys.argv[1] == "lost":  # the keeper dies too (a lost machine): the guests stay behind
+        import signal
+        from langflow_sandbox_createos import pool_keeper
+        for keeper in pool_keeper.keepers._by_endpoint.values():
+            os.kill(keeper.pid, signal.SIGKILL)
+            os.waitpid(keeper.pid, 0)
+    if sys.argv[1] in ("crash", "lost"):
+        os._exit(1)  # no atexit, as gunicorn's workers end: the pool keeper deletes the guests
     """
 )
 
 
-@pytest.mark.parametrize("ending", ["exit", "crash"])
+@pytest.mark.parametrize("ending", ["exit", "crash", "lost"])
 def test_interpreter_exit_deletes_and_reap_finds_a_crash(
     executor_env: Any, ending: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -206,6 +213,12 @@ def test_interpreter_exit_deletes_and_reap_finds_a_crash(
     assert len(ids) == 1
     if ending == "exit":
         assert view(executor_env, ids[0])["status"] in ("destroying", "destroyed")
+        return
+    if ending == "crash":  # os._exit: the process's pool keeper deletes what it pooled
+        deadline = time.monotonic() + 30
+        while view(executor_env, ids[0])["status"] not in ("destroying", "destroyed"):
+            assert time.monotonic() < deadline, view(executor_env, ids[0])
+            time.sleep(0.2)
         return
     assert view(executor_env, ids[0])["status"] == "running"
     # The default reap leaves pools alone (a running Langflow's); a crash's are reaped by prefix.
