@@ -126,9 +126,9 @@ run: $(STAMP) $(LANGFLOW_STAMP)
 # Limited API) and manylinux_2_28 (glibc 2.28 and later): x86_64 and aarch64, cross-compiled with
 # zig cc from PyPI's ziglang, libcurl + nghttp2 + OpenSSL + jansson built from Debian 13's
 # sources (verified downloads from Debian's mirror, cached in build/deps) and linked in
-# statically. Each wheel is built from the sdist, then checked (make check-wheels). From a clean
-# checkout about 25 min on 2 cores (the static libraries: OpenSSL most of it); about 2 min
-# when build/deps is cached.
+# statically. Each wheel is built from the sdist, then checked (make check-wheels). With nothing
+# in build/ 35 min on the 2 shared cores (the static libraries: OpenSSL more than half); 26 s
+# when build/deps is cached (docs/operations.md, "Packaging"). Not in .ci/run: too long.
 DIST_ARCHES ?= x86_64 aarch64
 DIST_TOOLS := $(VENV)/.dist-tools
 $(DIST_TOOLS): $(VPY)
@@ -149,14 +149,17 @@ wheel-manylinux: dist
 # Every wheel in dist/: abi3audit (no symbol outside the 3.10 stable ABI), auditwheel show
 # (the manylinux tag of the file name is one its symbols allow, nothing outside the manylinux
 # policy is linked), the tag and the architecture each wheel must have. Fails on any mismatch.
+# The release check (make dist ends with it); CI runs the same script, and abi3audit, on the
+# wheel the sdist builds and on wrongly named copies of it (tests/packaging/test_wheel.py).
 check-wheels: $(DIST_TOOLS)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VPY) scripts/check-wheels.py --expect $(subst $(space),$(comma),$(DIST_ARCHES)) dist/*.whl
 
 # The wheels of dist/ (make dist first) where nothing else helps them: the x86_64 one in a
 # Debian 13 root (CPython 3.13), a backend run and a component run on createos-local; the
 # aarch64 one in a Debian 12 arm64 root under qemu-user-static, tests/native. Roots made with
-# debootstrap, cached in build/proof-roots. Needs root; about 30 min (first run
-# more: debootstrap, pip under emulation). tests/packaging/test_foreign_roots.py.
+# debootstrap, cached in build/proof-roots. Needs root; about 20 min with the roots cached
+# (most of it pip installing the wheel's dependencies under emulation), plus debootstrap the
+# first time. Not in .ci/run: too long. tests/packaging/test_foreign_roots.py.
 prove-wheels: $(STAMP) $(DIST_TOOLS)
 	@ls dist/*-cp310-abi3-manylinux_2_28_*.whl >/dev/null || { echo "no wheels in dist/: make dist" >&2; exit 1; }
 	apt-get install -y -q debootstrap qemu-user-static binfmt-support >/dev/null
