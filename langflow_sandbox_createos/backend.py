@@ -15,7 +15,6 @@ With ``CREATEOS_SANDBOX_WARM_POOL=N`` the guest comes from a pool booted ahead o
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 import threading
@@ -279,7 +278,7 @@ def _pool_key(endpoint: runtime.Endpoint, create: Mapping[str, Any]) -> warm_poo
         raise SandboxUnavailableError(str(exc)) from None
     return warm_pool.PoolKey(
         base_url=endpoint.base_url,
-        key_digest=hashlib.blake2s(key.encode(), digest_size=16).hexdigest(),
+        key_digest=runtime.key_digest(key),
         shape=create["shape"],
         rootfs=create["rootfs"],
         egress=tuple(create["egress"]),

@@ -98,7 +98,7 @@ def pool_key(endpoint: runtime.Endpoint, cfg: ExecutorSettings, envs: dict[str, 
 def _key_digest(endpoint: runtime.Endpoint) -> str:
     """The API key as a digest (never the key): guests of one account are not another's."""
     del endpoint  # endpoints.get() parsed the same settings a moment ago
-    return hashlib.blake2s(settings.api_key().value.encode(), digest_size=16).hexdigest()
+    return runtime.key_digest(settings.api_key().value)
 
 
 @functools.lru_cache(maxsize=1)

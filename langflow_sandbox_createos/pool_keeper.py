@@ -21,7 +21,6 @@ the native client.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import subprocess
@@ -37,10 +36,6 @@ ENV_KEY = "CREATEOS_POOL_KEEPER_KEY"
 ENV_TIMEOUT = "CREATEOS_POOL_KEEPER_CONTROL_TIMEOUT"
 ENV_OWNER = "CREATEOS_POOL_KEEPER_OWNER"
 DELETE_BUDGET_SECONDS = 60.0  # all deletes together, after the owner died
-
-
-def key_digest(key: str) -> str:
-    return hashlib.blake2s(key.encode(), digest_size=16).hexdigest()
 
 
 class Keeper:
@@ -140,14 +135,14 @@ class _Keepers:
             keeper = self._by_endpoint.get((base_url, digest))
             if keeper is not None:
                 return keeper
-            from langflow_sandbox_createos import settings
+            from langflow_sandbox_createos import runtime, settings
 
             try:
                 key = settings.api_key().value
                 control_timeout = float(settings.control_timeout())
             except Exception:  # a setting changed under us: the pool's own deletes still run
                 return None
-            if key_digest(key) != digest:
+            if runtime.key_digest(key) != digest:
                 return None
             keeper = self._by_endpoint[(base_url, digest)] = Keeper(base_url, key, control_timeout)
             return keeper

@@ -93,6 +93,11 @@ def plane_isolation(whoami: object) -> str:
     return "hardware-virtualized"
 
 
+def key_digest(key: str) -> str:
+    """The API key as a digest (never the key): what tells two accounts' endpoints and pools apart."""
+    return hashlib.blake2s(key.encode(), digest_size=16).hexdigest()
+
+
 class _Endpoints:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -106,7 +111,7 @@ class _Endpoints:
             control_timeout = settings.control_timeout()
         except SettingsError as exc:
             raise SandboxUnavailableError(str(exc)) from None
-        digest = hashlib.blake2s(key.value.encode(), digest_size=16).hexdigest()
+        digest = key_digest(key.value)
         with self._lock:
             endpoint = self._by_key.get((url, digest, control_timeout))
             if endpoint is None:
