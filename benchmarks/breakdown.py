@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from langflow_sandbox_createos import _createos
-from langflow_sandbox_createos.backend import _Program
+from langflow_sandbox_createos.backend.engine import _Program
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 CMD = ["timeout", "--signal=KILL", "30", "python3", "-u", "-c", "print(1)"]

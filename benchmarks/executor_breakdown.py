@@ -28,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langflow_sandbox_createos import runtime, settings
-from langflow_sandbox_createos.executor import _Run
-from langflow_sandbox_createos.executor_protocol import build_spec
+from langflow_sandbox_createos.core import runtime, settings
+from langflow_sandbox_createos.executor.run import _Run
+from langflow_sandbox_createos.executor.wire import build_spec
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 PHASES = ("hello", "ready", "graph", "vertex1", "outputs", "exit")

@@ -22,7 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langflow_sandbox_createos import executor
+from langflow_sandbox_createos.executor import CreateOSExecutor
+from langflow_sandbox_createos.executor import run as executor
 from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
@@ -50,7 +51,7 @@ async def one_run(length: int) -> tuple[float, int]:
         runtime_options={"session_id": "bench", "outputs": [], "_use_arun_legacy": True},
     )
     started = time.monotonic()
-    items = [item async for item in executor.CreateOSExecutor().execute(unit)]
+    items = [item async for item in CreateOSExecutor().execute(unit)]
     elapsed = time.monotonic() - started
     assert isinstance(items[-1], RunComplete)
     return elapsed, length + 1

@@ -27,7 +27,7 @@ _PROTO = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 
-OURS = importlib.util.find_spec("langflow_sandbox_createos.backend") is not None
+OURS = importlib.util.find_spec("langflow_sandbox_createos.backend.engine") is not None
 PLUGIN = "ours" if OURS else "peer"
 
 _backend: Any = None
@@ -37,7 +37,7 @@ def backend() -> Any:
     global _backend
     if _backend is None:
         if OURS:
-            from langflow_sandbox_createos.backend import create_backend
+            from langflow_sandbox_createos.backend.engine import create_backend
         else:
             from langflow_sandbox_createos import create_backend
         _backend = create_backend()
@@ -335,7 +335,7 @@ def op_arun(cmd: dict[str, Any]) -> dict[str, Any]:
     chat_out.set(input_value=chat_in.message_response)
     graph = Graph(chat_in, chat_out)
     if cmd.get("pool_ready") and OURS and cmd["kind"] == "createos":
-        from langflow_sandbox_createos import executor_pool
+        from langflow_sandbox_createos.executor import pool as executor_pool
 
         executor_pool.pool().wait_full(240.0)
     started = time.perf_counter()
@@ -352,7 +352,7 @@ def op_arun(cmd: dict[str, Any]) -> dict[str, Any]:
 def op_arun_pool_ready(_: dict[str, Any]) -> dict[str, Any]:
     """Wait (untimed) until our executor's warm pool is full; the peer has none."""
     if OURS:
-        from langflow_sandbox_createos import executor_pool
+        from langflow_sandbox_createos.executor import pool as executor_pool
 
         return {"full": executor_pool.pool().wait_full(240.0)}
     return {"full": None}
@@ -366,7 +366,7 @@ def op_shutdown(_: dict[str, Any]) -> dict[str, Any]:
     if _backend is not None:
         _backend.shutdown()
     if OURS:
-        from langflow_sandbox_createos import executor_pool
+        from langflow_sandbox_createos.executor import pool as executor_pool
 
         executor_pool.shutdown()
     return {}

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos import runtime, settings
-from langflow_sandbox_createos.backend import CreateOSBackend, create_backend
+from langflow_sandbox_createos.backend.engine import CreateOSBackend, create_backend
+from langflow_sandbox_createos.core import runtime, settings
 
 # Every variable the backend reads, so a developer's shell cannot leak into a test.
 BACKEND_VARS = (

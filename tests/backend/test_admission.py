@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos import admission
-from langflow_sandbox_createos.backend import CreateOSBackend
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.backend.engine import CreateOSBackend
+from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core import admission
 
 # prints when the program started and ended, by the host's clock (createos-local guests share it)
 SPAN = "import time\nt0 = time.time()\ntime.sleep(0.6)\nprint(t0, time.time())\n"

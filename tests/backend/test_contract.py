@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from lfx.utils.sandbox.base import Capabilities, SandboxBackend
 
-from langflow_sandbox_createos import backend as backend_module
-from langflow_sandbox_createos.backend import (
+from langflow_sandbox_createos.backend import engine as backend_module
+from langflow_sandbox_createos.backend.engine import (
     TRAILER_PREFIX,
     CreateOSBackend,
     create_backend,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import SandboxUnavailableError
 
-from langflow_sandbox_createos import runtime
-from langflow_sandbox_createos.backend import create_backend
+from langflow_sandbox_createos.backend.engine import create_backend
+from langflow_sandbox_createos.core import runtime
 
 
 @pytest.fixture

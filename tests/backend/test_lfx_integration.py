@@ -96,7 +96,7 @@ def test_lfx_discovers_the_backend_and_the_python_interpreter_runs_on_a_guest(
     marker = str(tmp_path / "ran-in-process")
     report = _child(_base_env(cp, tmp_path), GUEST_CODE.format(marker=marker), tmp_path)
     assert "createos" in report["known"]
-    assert report["backend"] == "langflow_sandbox_createos.backend.CreateOSBackend"
+    assert report["backend"] == "langflow_sandbox_createos.backend.engine.CreateOSBackend"
     assert "unavailable" not in report, report
     assert "result" in report["data"], report
     word, guest_id, floor = report["data"]["result"].split()

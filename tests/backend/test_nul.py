@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError
 
-from langflow_sandbox_createos.backend import CreateOSBackend
+from langflow_sandbox_createos.backend.engine import CreateOSBackend
 
 from .conftest import sandbox_ids
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.backend import CreateOSBackend
+from langflow_sandbox_createos.backend.engine import CreateOSBackend
 
 from .conftest import closed_port_url, new_guests, sandbox_ids
 

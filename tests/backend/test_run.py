@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxResult
 
-from langflow_sandbox_createos import backend as backend_module
-from langflow_sandbox_createos.backend import CreateOSBackend
+from langflow_sandbox_createos.backend import engine as backend_module
+from langflow_sandbox_createos.backend.engine import CreateOSBackend
 
 from .conftest import sandbox_ids, undeleted_guests
 

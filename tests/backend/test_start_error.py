@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError
 
-from langflow_sandbox_createos.backend import create_backend
+from langflow_sandbox_createos.backend.engine import create_backend
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 from .conftest import clean_backend_env

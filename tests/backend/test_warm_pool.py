@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from langflow_sandbox_createos import warm_pool
-from langflow_sandbox_createos.backend import CreateOSBackend
+from langflow_sandbox_createos.backend.engine import CreateOSBackend
+from langflow_sandbox_createos.core import warm_pool
 
 from .conftest import sandbox_view, undeleted_guests
 
@@ -107,7 +107,7 @@ def test_process_exit_deletes_the_pool(backend_env: Any) -> None:
     script = textwrap.dedent(
         """
         import json, os
-        from langflow_sandbox_createos.backend import create_backend
+        from langflow_sandbox_createos.backend.engine import create_backend
         backend = create_backend()
         backend.run("print(1)")
         assert backend._pool.wait_full(20)
@@ -131,10 +131,10 @@ def test_a_process_that_dies_without_shutdown_leaves_no_pooled_guest(backend_env
     script = textwrap.dedent(
         f"""
         import json, os, signal, sys, time
-        from langflow_sandbox_createos import pool_keeper
-        from langflow_sandbox_createos.backend import create_backend
+        from langflow_sandbox_createos.core import pool_keeper
+        from langflow_sandbox_createos.backend.engine import create_backend
         backend = create_backend()
-        from langflow_sandbox_createos import runtime
+        from langflow_sandbox_createos.core import runtime
         backend.run("print(1)")
         assert backend._pool.wait_full(20)
         # the cold first run's guest is the run's, deleted in the background: let that finish
@@ -167,8 +167,8 @@ def test_a_clean_exit_leaves_the_keeper_nothing_to_do(backend_env: Any) -> None:
     script = textwrap.dedent(
         """
         import json
-        from langflow_sandbox_createos import pool_keeper
-        from langflow_sandbox_createos.backend import create_backend
+        from langflow_sandbox_createos.core import pool_keeper
+        from langflow_sandbox_createos.backend.engine import create_backend
         backend = create_backend()
         backend.run("print(1)")
         assert backend._pool.wait_full(20)

@@ -54,8 +54,8 @@ def test_all_good(env, capsys):
     assert check(report, "API key")["detail"] == "set from CREATEOS_SANDBOX_API_KEY"
     assert "accepted the key" in check(report, "control plane")["detail"]
     assert check(report, "backend shape")["detail"].startswith("s-2vcpu-4gb")
-    for group in cli.ENTRY_POINTS:
-        assert check(report, f"entry point {group}:{cli.ENTRY_POINTS[group]}")["ok"] is True
+    for group in cli.doctor.ENTRY_POINTS:
+        assert check(report, f"entry point {group}:{cli.doctor.ENTRY_POINTS[group]}")["ok"] is True
     assert check(report, "builtin shadowing")["ok"] is True
 
 

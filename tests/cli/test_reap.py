@@ -9,8 +9,9 @@ import time
 import pytest
 from waiting import wait_status
 
-from langflow_sandbox_createos import cli, runtime
+from langflow_sandbox_createos import cli
 from langflow_sandbox_createos._createos import Client
+from langflow_sandbox_createos.core import clock, runtime
 
 BACKEND = runtime.random_name("lf-")
 REUSED = runtime.random_name("lf-c-")
@@ -92,12 +93,12 @@ def test_human_dry_run_output(guests, capsys):
 
 
 def test_parse_duration():
-    assert cli.parse_duration("90s") == 90
-    assert cli.parse_duration("30m") == 1800
-    assert cli.parse_duration("2h") == 7200
-    assert cli.parse_duration("1d") == 86400
+    assert cli.reap.parse_duration("90s") == 90
+    assert cli.reap.parse_duration("30m") == 1800
+    assert cli.reap.parse_duration("2h") == 7200
+    assert cli.reap.parse_duration("1d") == 86400
     with pytest.raises(Exception, match="not a duration"):
-        cli.parse_duration("soon")
+        cli.reap.parse_duration("soon")
 
 
 def test_unreachable_control_plane_exit_2(monkeypatch, capsys):
@@ -110,7 +111,7 @@ def test_unreachable_control_plane_exit_2(monkeypatch, capsys):
 def test_idle_picks_reused_guests_paused_past_the_lifetime(guests, capsys, control_plane):
     client, made = guests
     paused = made[REUSED]
-    while cli.clock.paused_seconds(client.get(paused), time.time()) <= 1.0:
+    while clock.paused_seconds(client.get(paused), time.time()) <= 1.0:
         time.sleep(0.2)
     _, rows, _ = listed(capsys, "--idle", "1h")
     assert rows == []  # paused, but not for an hour

@@ -17,8 +17,8 @@ from lfx.extension.loader import load_extension
 from lfx.graph.graph.base import Graph
 
 import langflow_sandbox_createos
-from langflow_sandbox_createos import runtime
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core import runtime
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 PACKAGE_DIR = Path(langflow_sandbox_createos.__file__).resolve().parent

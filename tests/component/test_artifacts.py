@@ -13,8 +13,8 @@ import time
 import orjson
 import pytest
 
-from langflow_sandbox_createos import artifacts
-from langflow_sandbox_createos.artifacts import extract, sanitize_member_path
+from langflow_sandbox_createos.component import artifacts
+from langflow_sandbox_createos.component.artifacts import extract, sanitize_member_path
 
 from .conftest import StallWatch
 

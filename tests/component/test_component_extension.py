@@ -15,7 +15,7 @@ from lfx.extension.manifest import ExtensionManifest, load_manifest
 from lfx.schema.data import Data
 from lfx.schema.dataframe import DataFrame
 
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.component import engine as sandbox_run
 
 from .conftest import PACKAGE_DIR
 

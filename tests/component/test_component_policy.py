@@ -15,7 +15,7 @@ from lfx.processing.process import process_tweaks
 from lfx.services.authorization.base import ExecutionPrincipal
 from lfx.utils.flow_validation import is_protected_tweak_field
 
-from langflow_sandbox_createos import policy
+from langflow_sandbox_createos.component import policy
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 from .conftest import all_ids, run_flow

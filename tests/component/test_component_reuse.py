@@ -14,8 +14,8 @@ from lfx.exceptions.component import ComponentBuildError
 from lfx.utils.sandbox.base import SandboxUnavailableError
 from waiting import wait_status
 
-from langflow_sandbox_createos import runtime
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core import runtime
 from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
 from .conftest import USER_ID, client, run_flow

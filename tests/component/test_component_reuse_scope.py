@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from waiting import wait_status
 
-from langflow_sandbox_createos import runtime
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core import runtime
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 from .conftest import REUSE_PREFIX, client, run_flow

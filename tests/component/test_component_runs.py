@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import artifacts
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.component import artifacts
+from langflow_sandbox_createos.component import engine as sandbox_run
 from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
 from .conftest import all_ids, client, run_flow

@@ -61,8 +61,8 @@ def test_wheel_contains_the_extension_and_its_entry_point_resolves(tmp_path: Pat
     for member in (
         "langflow_sandbox_createos/extension.json",
         "langflow_sandbox_createos/components/createos/createos_sandbox.py",
-        "langflow_sandbox_createos/components/sandbox_run.py",
-        "langflow_sandbox_createos/artifacts.py",
+        "langflow_sandbox_createos/component/engine.py",
+        "langflow_sandbox_createos/component/artifacts.py",
     ):
         assert member in names, member
     entry_points = (

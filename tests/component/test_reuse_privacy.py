@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.component import engine as sandbox_run
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 # Holds the lock for a few seconds and rewrites every other run's program it can find.

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos import clock
 from langflow_sandbox_createos._createos import Client
+from langflow_sandbox_createos.core import clock
 from langflow_sandbox_createos.starter import LangflowClient, LangflowError
 
 from .test_langflow_server import (

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos import executor as executor_module
 from langflow_sandbox_createos.executor import CreateOSExecutor
+from langflow_sandbox_createos.executor import run as executor_module
 from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos import admission
+from langflow_sandbox_createos.core import admission
 from langflow_sandbox_createos.executor import CreateOSExecutor
 
 from .conftest import chat_unit, drain

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError
 
-from langflow_sandbox_createos import executor, executor_protocol
 from langflow_sandbox_createos.executor import CreateOSExecutor
+from langflow_sandbox_createos.executor import run as executor
+from langflow_sandbox_createos.executor import wire as executor_protocol
 
 from .conftest import drain, middle_graph
 from .flow_components.frame_flooder import FrameFlooder

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from lfx.schema.schema import InputValueRequest
 
-from langflow_sandbox_createos import executor_flows
 from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor_protocol import (
+from langflow_sandbox_createos.executor import flows as executor_flows
+from langflow_sandbox_createos.executor.wire import (
     BOOTSTRAP,
     FrameReader,
     SpecError,
@@ -250,7 +250,7 @@ def test_runtime_state_of_a_live_graph_crosses() -> None:
     from lfx.components.input_output import ChatInput, ChatOutput
     from lfx.graph import Graph
 
-    from langflow_sandbox_createos.executor_protocol import encode_runtime
+    from langflow_sandbox_createos.executor.wire import encode_runtime
 
     chat_in = ChatInput(_id="chat_input")
     chat_out = ChatOutput(input_value="test", _id="chat_output")
@@ -275,8 +275,8 @@ async def test_guest_events_reach_only_registered_callbacks() -> None:
     from lfx.events.event_manager import create_default_event_manager
     from lfx.utils.sandbox.base import SandboxExecutionError
 
-    from langflow_sandbox_createos.executor_host import HostReplay
-    from langflow_sandbox_createos.executor_protocol import event_names
+    from langflow_sandbox_createos.executor.replay import HostReplay
+    from langflow_sandbox_createos.executor.wire import event_names
 
     seen: list[Any] = []
     manager = create_default_event_manager(None)

@@ -13,7 +13,7 @@ from lfx.schema.schema import InputValueRequest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor_protocol import GuestStatus, RemoteVertexResult
+from langflow_sandbox_createos.executor.wire import GuestStatus, RemoteVertexResult
 
 from .conftest import chat_graph, drain, middle_graph
 from .flow_components.digest import Digest
@@ -189,7 +189,7 @@ async def test_a_spec_over_4_mib_is_uploaded_and_runs(executor: CreateOSExecutor
     """A flow whose spec is over STDIN_SPEC_MAX_BYTES travels as a file (one PUT), not stdin."""
     import hashlib
 
-    from langflow_sandbox_createos import executor as executor_module
+    from langflow_sandbox_createos.executor import run as executor_module
 
     payload = "0123456789abcdef" * (executor_module.STDIN_SPEC_MAX_BYTES // 16 + 4096)  # 4 MiB + 64 KiB
     graph = middle_graph(Digest, "digest", payload=payload)

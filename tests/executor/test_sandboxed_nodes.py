@@ -21,10 +21,10 @@ from lfx.utils.python_repl_security import CodeExecutionDisabledError
 from lfx.utils.sandbox.base import SandboxExecutionError
 
 import langflow_sandbox_createos
-from langflow_sandbox_createos import executor_sandbox
-from langflow_sandbox_createos.backend import create_backend
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.backend.engine import create_backend
+from langflow_sandbox_createos.component import engine as sandbox_run
 from langflow_sandbox_createos.executor import CreateOSExecutor
+from langflow_sandbox_createos.executor import bridge as executor_sandbox
 
 from .flow_components.bridge_abuser import BridgeAbuser
 from .parity.test_parity import FLOW_ID, USER_ID, HostMemory, Run, assert_same, both, memory, run_flow

@@ -22,9 +22,11 @@ import pytest
 from lfx.execution.types import RunComplete, StepResult, Unit
 from lfx.schema.schema import InputValueRequest
 
-from langflow_sandbox_createos import cli, executor_pool, runtime, settings
+from langflow_sandbox_createos import cli
+from langflow_sandbox_createos.core import runtime, settings
 from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor_protocol import GuestStatus
+from langflow_sandbox_createos.executor import pool as executor_pool
+from langflow_sandbox_createos.executor.wire import GuestStatus
 from langflow_sandbox_createos.local.testing import NamespaceHost
 
 from .conftest import EXECUTOR_ROOTFS, chat_graph, drain, middle_graph
@@ -184,13 +186,14 @@ def test_shutdown_deletes_pooled_guests(pooled: Any) -> None:
 CHILD = textwrap.dedent(
     """
     import json, os, sys
-    from langflow_sandbox_createos import executor_pool, runtime, settings
+    from langflow_sandbox_createos.executor import pool as executor_pool
+    from langflow_sandbox_createos.core import runtime, settings
     executor_pool.take(runtime.endpoints.get(), settings.executor_settings(), {})
     assert executor_pool.pool().wait_full(240), executor_pool.pool().stats()
     print(json.dumps(executor_pool.pool().ready_ids()), flush=True)
     if sys.argv[1] == "lost":  # the keeper dies too (a lost machine): the guests stay behind
         import signal
-        from langflow_sandbox_createos import pool_keeper
+        from langflow_sandbox_createos.core import pool_keeper
         for keeper in pool_keeper.keepers._by_endpoint.values():
             os.kill(keeper.pid, signal.SIGKILL)
             os.waitpid(keeper.pid, 0)
@@ -236,9 +239,11 @@ def test_interpreter_exit_deletes_and_reap_finds_a_crash(
 def test_host_and_runner_agree_on_the_spec_mac() -> None:
     from importlib import resources
 
-    from langflow_sandbox_createos.executor_protocol import spec_mac
+    from langflow_sandbox_createos.executor.wire import spec_mac
 
-    source = resources.files("langflow_sandbox_createos.guest").joinpath("runner.py").read_text("utf-8")
+    source = (
+        resources.files("langflow_sandbox_createos.executor.guest").joinpath("runner.py").read_text("utf-8")
+    )
     runner: dict[str, Any] = {"__name__": "runner_under_test"}
     exec(compile(source, "runner.py", "exec"), runner)
     key, body = os.urandom(32), b'{"graph": {}}'

@@ -25,7 +25,6 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, signal, sys, time
     from langflow_sandbox_createos import _createos as E
-
     out = {}
     signal.signal(signal.SIGINT, signal.default_int_handler)  # see test_deadlines.py
     c = E.Client(os.environ["CP_URL"], os.environ["CP_KEY"], control_timeout=2)

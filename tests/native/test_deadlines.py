@@ -22,7 +22,6 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, signal, threading, time
     from langflow_sandbox_createos import _createos as E
-
     out = {}
     # connect_timeout is generous: the whole-call deadline (control_timeout) must be what ends it
     c = E.Client("https://api.stall.test", "key", connect_timeout=60, control_timeout=1)

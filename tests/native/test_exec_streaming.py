@@ -100,7 +100,6 @@ MEMORY_PROBE = textwrap.dedent(
     """
     import json, sys
     from langflow_sandbox_createos import _createos
-
     def peak_kib():
         # VmHWM, not ru_maxrss: the latter keeps the parent's peak across fork+exec
         with open("/proc/self/status") as f:

@@ -26,7 +26,6 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys
     from langflow_sandbox_createos import _createos as E
-
     def status(field):
         for line in open("/proc/self/status"):
             if line.startswith(field + ":"):

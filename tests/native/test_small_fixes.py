@@ -52,7 +52,6 @@ LOCALE_SCRIPT = textwrap.dedent(
     """
     import ctypes, json, locale, sys
     from langflow_sandbox_createos import _createos as E
-
     locale.setlocale(locale.LC_ALL, "")  # as an application may: every category from LC_ALL
     libc = ctypes.CDLL(None)
     out = {"locale": locale.setlocale(locale.LC_ALL), "decimal_point": locale.localeconv()["decimal_point"],
@@ -96,7 +95,6 @@ ALLOC_SCRIPT = textwrap.dedent(
     """
     import ctypes, json, os
     from langflow_sandbox_createos import _createos as E
-
     jansson = ctypes.CDLL("libjansson.so.4")  # the copy the extension already loaded
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p

@@ -134,7 +134,7 @@ def test_x86_64_wheel_in_debian_13(shared: Path, control_plane) -> None:
     assert report["python"].startswith("3.13")
     assert report["native"].startswith(f"{VENV}/lib/python3.13/site-packages/langflow_sandbox_createos/")
     assert report["native"].endswith("_createos.abi3.so")
-    assert report["backend_class"] == "langflow_sandbox_createos.backend.CreateOSBackend"
+    assert report["backend_class"] == "langflow_sandbox_createos.backend.engine.CreateOSBackend"
     word, guest_id, floor = report["backend_result"]["result"].split()
     assert (word, floor) == ("guest", "2")
     assert guest_id in {row["id"] for row in control_plane.sandboxes()}

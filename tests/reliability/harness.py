@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from langflow_sandbox_createos import runtime, settings
+from langflow_sandbox_createos.core import runtime, settings
 from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
@@ -307,7 +307,7 @@ class SurfaceDriver:
     # -- backend ---------------------------------------------------------------------------------
     def backend(self, code: str, env: Mapping[str, str] | None = None, *, shared: bool = False) -> Outcome:
         """One run; ``shared`` uses one backend instance per process, as lfx does."""
-        from langflow_sandbox_createos.backend import create_backend
+        from langflow_sandbox_createos.backend.engine import create_backend
 
         with self._lock:
             if shared and self._backend is None:
@@ -424,6 +424,6 @@ driver = SurfaceDriver()
 
 def drain_backend_deletes(timeout: float = 10.0) -> None:
     """Let queued background deletes finish (and be logged), as lfx's shutdown does."""
-    from langflow_sandbox_createos.backend import create_backend
+    from langflow_sandbox_createos.backend.engine import create_backend
 
     create_backend().shutdown()

@@ -36,10 +36,10 @@ from typing import Any
 import pytest
 from waiting import wait_status
 
-from langflow_sandbox_createos import backend as backend_module
-from langflow_sandbox_createos import executor as executor_module
-from langflow_sandbox_createos import runtime
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.backend import engine as backend_module
+from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core import runtime
+from langflow_sandbox_createos.executor import run as executor_module
 
 from . import harness, matrix
 from .conftest import SUMMARY

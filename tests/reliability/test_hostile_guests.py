@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos import backend as backend_module
-from langflow_sandbox_createos import runtime, settings
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.backend import engine as backend_module
+from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core import runtime, settings
 
 from . import harness
 from .harness import API_KEY, driver

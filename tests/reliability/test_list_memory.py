@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from native.heap import heap_in_use  # tests/ is on sys.path (rootdir without __init__.py)
 
-from langflow_sandbox_createos import runtime
+from langflow_sandbox_createos.core import runtime
 
 from . import harness
 

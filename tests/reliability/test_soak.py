@@ -45,10 +45,10 @@ from typing import Any
 import pytest
 from native.heap import heap_in_use  # tests/ is on sys.path (rootdir without __init__.py)
 
-from langflow_sandbox_createos import backend as backend_module
-from langflow_sandbox_createos import executor as executor_module
-from langflow_sandbox_createos import runtime, settings
-from langflow_sandbox_createos.components import sandbox_run
+from langflow_sandbox_createos.backend import engine as backend_module
+from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core import runtime, settings
+from langflow_sandbox_createos.executor import run as executor_module
 from langflow_sandbox_createos.local import faults
 
 from . import harness

@@ -611,7 +611,7 @@ def load_settings_module():  # type: ignore[no-untyped-def]
     """settings.py of the tree under test (stdlib only), not whatever is installed."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_settings_under_test", PACKAGE / "settings.py")
+    spec = importlib.util.spec_from_file_location("_settings_under_test", PACKAGE / "core" / "settings.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from langflow_sandbox_createos import settings
-from langflow_sandbox_createos.settings import SettingsError
+from langflow_sandbox_createos.core import settings
+from langflow_sandbox_createos.core.settings import SettingsError
 
 
 def test_defaults():
@@ -172,7 +172,7 @@ def test_lfx_settings_service_is_the_authority_when_it_exists():
     script = textwrap.dedent(
         """
         import sys
-        from langflow_sandbox_createos import settings
+        from langflow_sandbox_createos.core import settings
         assert settings.backend_settings().timeout_seconds == 30
         from lfx.services.deps import get_settings_service
         service = get_settings_service()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from langflow_sandbox_createos import settings
-from langflow_sandbox_createos.components import sandbox_run
-from langflow_sandbox_createos.settings import SettingsError
+from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core import settings
+from langflow_sandbox_createos.core.settings import SettingsError
 
 
 @pytest.mark.parametrize("text", ["٣", "\uff13", "1_000", "--5", "+-5", "5.0", "", " ", "0x10", "9" * 40])

@@ -2,7 +2,7 @@
 with optional guest reuse and the files the program wrote returned as a table.
 
 lfx loads this file by itself (spec_from_file_location), so every import is absolute and
-the work lives in `langflow_sandbox_createos.components.sandbox_run`.
+the work lives in `langflow_sandbox_createos.component.engine`.
 """
 
 import threading
@@ -12,9 +12,10 @@ from lfx.io import BoolInput, DropdownInput, IntInput, MultilineInput, Output, S
 from lfx.schema.data import Data
 from lfx.schema.dataframe import DataFrame
 
-from langflow_sandbox_createos import DOCS_URL, artifacts, policy
-from langflow_sandbox_createos.components import sandbox_run
-from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, MAX_TIMEOUT_SECONDS
+from langflow_sandbox_createos import DOCS_URL
+from langflow_sandbox_createos.component import artifacts, policy
+from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core.settings import DEFAULT_COMPONENT_SHAPE, MAX_TIMEOUT_SECONDS
 
 # Loaded by Langflow when it discovers the extension, before any run applies tweaks.
 policy.register_protected_tweak_fields()

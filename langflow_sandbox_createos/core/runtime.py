@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import settings
-from langflow_sandbox_createos.settings import MIN_SHAPE_MEMORY_MIB, SettingsError
+from langflow_sandbox_createos.core import settings
+from langflow_sandbox_createos.core.settings import MIN_SHAPE_MEMORY_MIB, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos")
 

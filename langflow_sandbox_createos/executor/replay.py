@@ -17,7 +17,7 @@ from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError
 
-from langflow_sandbox_createos import executor_flows
+from langflow_sandbox_createos.executor import flows as executor_flows
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 

@@ -21,7 +21,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from langflow_sandbox_createos import executor_flows
+from langflow_sandbox_createos.executor import flows as executor_flows
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -119,7 +119,9 @@ BOOTSTRAP = (
 
 @lru_cache(maxsize=1)
 def runner_source() -> str:
-    return resources.files("langflow_sandbox_createos.guest").joinpath("runner.py").read_text("utf-8")
+    return (
+        resources.files("langflow_sandbox_createos.executor.guest").joinpath("runner.py").read_text("utf-8")
+    )
 
 
 def spec_mac(key: bytes, body: bytes) -> str:

@@ -31,9 +31,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from langflow_sandbox_createos import runtime, settings, warm_pool
-from langflow_sandbox_createos.executor_protocol import runner_source
-from langflow_sandbox_createos.settings import ExecutorSettings
+from langflow_sandbox_createos.core import runtime, settings, warm_pool
+from langflow_sandbox_createos.core.settings import ExecutorSettings
+from langflow_sandbox_createos.executor.wire import runner_source
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -121,7 +121,7 @@ class _Warmer:
     """Starts a guest's runner and waits until it is ready for a spec (warm_pool.Warmer)."""
 
     def warm(self, client: Any, sandbox_id: str, key: warm_pool.PoolKey) -> Any:
-        from langflow_sandbox_createos.executor import EXEC_GRACE_SECONDS, _Run
+        from langflow_sandbox_createos.executor.run import EXEC_GRACE_SECONDS, _Run
 
         assert isinstance(key, ExecutorPoolKey)
         run = _Run(client, key.cfg, None, pooled=True)

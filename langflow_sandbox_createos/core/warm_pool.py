@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from langflow_sandbox_createos import pool_keeper, runtime
+from langflow_sandbox_createos.core import pool_keeper, runtime
 
 logger = logging.getLogger("langflow_sandbox_createos.warm_pool")
 

@@ -449,7 +449,7 @@ _ERROR_CLASSES = {
     "SandboxUnavailableError": ("lfx.utils.sandbox.base", "SandboxUnavailableError"),
     "CodeExecutionDisabledError": ("lfx.utils.python_repl_security", "CodeExecutionDisabledError"),
     "PublicFlowValidationError": ("lfx.utils.flow_validation", "PublicFlowValidationError"),
-    "CodeExecutionRefused": ("langflow_sandbox_createos.policy", "CodeExecutionRefused"),
+    "CodeExecutionRefused": ("langflow_sandbox_createos.component.policy", "CodeExecutionRefused"),
 }
 _PLAIN_ERRORS = {"ValueError": ValueError, "TypeError": TypeError, "ImportError": ImportError}
 
@@ -563,8 +563,8 @@ def _bridge_component(bridge: _SandboxBridge) -> None:
     guest still validates its fields and renders the outcome, as in-process."""
     import base64 as b64
 
-    from langflow_sandbox_createos import artifacts
-    from langflow_sandbox_createos.components import sandbox_run
+    from langflow_sandbox_createos.component import artifacts
+    from langflow_sandbox_createos.component import engine as sandbox_run
 
     def run(req: Any, *, on_output: Any = None, note: Any = None) -> Any:
         flow_id = None if req.flow_id == "noflow" else req.flow_id

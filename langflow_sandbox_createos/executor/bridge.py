@@ -24,7 +24,7 @@ module answers it the way the host would have run the node itself:
     session: so Guest Reuse keys are exactly the in-process ones).
 * **How it runs**: with the host's own `lfx.utils.sandbox.run_code_in_sandbox` (whatever
   backend the host has, with its own refusals) and the component's own engine
-  (`components.sandbox_run`), in a worker thread, under the run's context.
+  (`component.engine`), in a worker thread, under the run's context.
 * **The answer** is the result, or the error the host call raised (its class name and message),
   which the guest raises again with the same class; it is uploaded as a reply file, like a
   stored message's id. A refused request is answered with `SandboxExecutionError` and logged.
@@ -88,7 +88,7 @@ def _policy_verdict() -> dict[str, str] | None:
 
 
 def holds_component(payload: Mapping[str, Any], flows: Mapping[str, Any] | None) -> bool:
-    from langflow_sandbox_createos import policy
+    from langflow_sandbox_createos.component import policy
 
     return any(_node_type(node) in policy.COMPONENT_TYPES for _, node, _ in _nodes(payload, flows))
 
@@ -100,7 +100,7 @@ def _node_type(node: Mapping[str, Any]) -> str:
 
 def _nodes(payload: Mapping[str, Any], flows: Mapping[str, Any] | None) -> list[tuple[str, Any, set[str]]]:
     """(flow id, node, its edge-fed fields) for the run's flow and every shipped flow."""
-    from langflow_sandbox_createos.executor_flows import connected_fields
+    from langflow_sandbox_createos.executor.flows import connected_fields
 
     found = []
     payloads: list[tuple[str, Mapping[str, Any]]] = [("", payload)]
@@ -267,8 +267,8 @@ class SandboxBridge:
 
     # -- the CreateOS Sandbox component ----------------------------------------------------
     def _component_work(self, frame: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
-        from langflow_sandbox_createos import policy
-        from langflow_sandbox_createos.components import sandbox_run
+        from langflow_sandbox_createos.component import engine as sandbox_run
+        from langflow_sandbox_createos.component import policy
 
         flow_id, node, fed = self._node(frame)
         if _node_type(node) not in policy.COMPONENT_TYPES:

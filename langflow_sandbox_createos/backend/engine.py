@@ -29,8 +29,8 @@ from lfx.utils.sandbox.base import (
     SandboxUnavailableError,
 )
 
-from langflow_sandbox_createos import admission, program_clock, runtime, settings, warm_pool
-from langflow_sandbox_createos.settings import BackendSettings, SettingsError
+from langflow_sandbox_createos.core import admission, program_clock, runtime, settings, warm_pool
+from langflow_sandbox_createos.core.settings import BackendSettings, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.backend")
 

@@ -62,12 +62,13 @@ class Keeper:
                 ENV_OWNER: str(os.getpid()),
             }
         )
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # the directory holding this package (core/ is one level below it)
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "langflow_sandbox_createos.pool_keeper"],
+                [sys.executable, "-m", "langflow_sandbox_createos.core.pool_keeper"],
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 env=env,
@@ -135,7 +136,7 @@ class _Keepers:
             keeper = self._by_endpoint.get((base_url, digest))
             if keeper is not None:
                 return keeper
-            from langflow_sandbox_createos import runtime, settings
+            from langflow_sandbox_createos.core import runtime, settings
 
             try:
                 key = settings.api_key().value

@@ -1,45 +1,24 @@
-"""`createos-langflow`: the operator CLI.
-
-  doctor   check the configuration of every surface and say how to fix what is wrong
-  reap     list (and with --yes delete) guests left behind by the plugin
-
-Both use the native client and the same settings module as the surfaces.
-"""
+"""`createos-langflow doctor`: check the configuration of every surface and say how to fix what
+is wrong."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
-import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from langflow_sandbox_createos import clock, settings
-from langflow_sandbox_createos.settings import SettingsError
+from langflow_sandbox_createos.cli import installation
+from langflow_sandbox_createos.cli.installation import DISTRIBUTION
+from langflow_sandbox_createos.core import settings
+from langflow_sandbox_createos.core.settings import SettingsError
 
-# The names the plugin itself generates (22 characters: prefix + hex). The default reap
-# matches these only: not the warm pools' `lf-w-` and `lf-xw-` guests (a running Langflow's
-# pools; after a crash, reap them with `--prefix lf-xw- --include-active`), and
-# not a sandbox someone else happened to name `lf-...`.
-PLUGIN_NAME = re.compile(r"lf-[0-9a-f]{19}|lf-c-[0-9a-f]{17}|lf-x-[0-9a-f]{17}")
-# A running (or creating) guest younger than this may be a run in progress: kept by default.
-ACTIVE_GRACE_SECONDS = 2 * 3600
-ACTIVE = frozenset({"creating", "running"})
-REUSED_PREFIX = "lf-c-"  # the component's guests; Guest Reuse keeps its own until idle too long
 ENTRY_POINTS = {
     "lfx.sandbox_backends": "createos",
     "langflow.extensions": "langflow-sandbox-createos",
     "lfx.executors": "createos",
 }
-DISTRIBUTION = "langflow-sandbox-createos"
-
-
-# --- doctor ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -208,7 +187,7 @@ def _check_policy(report: Report) -> Any:
 
 
 def _check_control_plane(report: Report, backend: Any) -> None:
-    from langflow_sandbox_createos import runtime
+    from langflow_sandbox_createos.core import runtime
 
     try:
         key = settings.api_key()
@@ -303,7 +282,6 @@ def _check_isolation(report: Report, isolation: str) -> None:
 
 
 def _check_implementation(report: Report) -> None:
-    from langflow_sandbox_createos import installation
 
     ours = installation.this_copy()
     try:
@@ -375,7 +353,7 @@ def doctor(environ: dict[str, str] | None = None) -> Report:
     return report
 
 
-def _print_report(report: Report) -> None:
+def print_report(report: Report) -> None:
     on = ", ".join(name for name, enabled in report.surfaces.items() if enabled) or "none"
     print(f"Surfaces switched on: {on}")
     marks = {True: "ok  ", False: "FAIL", None: "info"}
@@ -386,274 +364,4 @@ def _print_report(report: Report) -> None:
     print("Verdict: " + ("the configured surfaces will work" if report.ok else "fix the FAIL lines above"))
 
 
-# --- reap --------------------------------------------------------------------------------------
-
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-
-
-def parse_duration(text: str) -> float:
-    match = _DURATION.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 30m, 2h or 1d")
-    scale = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)]
-    return float(match.group(1)) * scale
-
-
-def _age_seconds(row: dict[str, Any], now: float) -> float | None:
-    created = clock.parse_timestamp(row.get("created_at"))
-    return None if created is None else max(0.0, now - created)
-
-
-def _format_age(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-TERMINAL = frozenset({"destroyed", "destroying", "failed"})
-
-
-def find_leftovers(
-    rows: Sequence[dict[str, Any]],
-    *,
-    prefixes: Sequence[str] | None = None,
-    states: Sequence[str] | None = None,
-    older_than: float | None = None,
-    idle_longer_than: float | None = None,
-    include_active: bool = False,
-    now: float | None = None,
-) -> tuple[list[dict[str, Any]], int]:
-    """The rows to reap, and how many matching rows were kept as possibly in progress.
-
-    Without `prefixes`, only names the plugin generates match (see PLUGIN_NAME); with them,
-    any name starting with one of them. Unless `include_active`, a `creating` or `running`
-    guest younger than ACTIVE_GRACE_SECONDS is kept: it may be running a program now.
-    `idle_longer_than`: only reused guests (`lf-c-`) paused for longer than that, which is how
-    the component measures idleness."""
-    now = time.time() if now is None else now
-    picked = []
-    active = 0
-    for row in rows:
-        name = row.get("name") or ""
-        status = row.get("status") or ""
-        if prefixes is None:
-            if not PLUGIN_NAME.fullmatch(name):
-                continue
-        elif not any(name.startswith(p) for p in prefixes):
-            continue
-        if states is not None and status not in states:
-            continue
-        if states is None and status in TERMINAL:
-            continue
-        age = _age_seconds(row, now)
-        if older_than is not None and (age is None or age < older_than):
-            continue
-        idle = clock.paused_seconds(row, now)
-        if idle_longer_than is not None and (
-            not name.startswith(REUSED_PREFIX) or idle is None or idle <= idle_longer_than
-        ):
-            continue
-        if not include_active and status in ACTIVE and (age is None or age < ACTIVE_GRACE_SECONDS):
-            active += 1
-            continue
-        picked.append({**row, "age_seconds": age, "idle_seconds": idle})
-    return picked, active
-
-
-def _with_pause_time(client: Any, row: dict[str, Any]) -> dict[str, Any]:
-    name = str(row.get("name") or "")
-    if row.get("status") != "paused" or "paused_at" in row or not name.startswith(REUSED_PREFIX):
-        return row
-    try:
-        return client.get(row["id"])
-    except Exception:  # gone meanwhile, or unreadable: it is not reaped as idle
-        return row
-
-
-def _progress(done: int, total: int, stream: Any) -> None:
-    width = 30
-    filled = int(width * done / total) if total else width
-    stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    stream.flush()
-
-
-def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
-    from langflow_sandbox_createos import runtime
-
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    try:
-        endpoint = runtime.endpoints.get()
-        rows = endpoint.client.list()  # type: ignore[attr-defined]
-        if args.idle is not None:  # a list row may leave out paused_at: ask for the full view
-            rows = [_with_pause_time(endpoint.client, row) for row in rows]
-    except Exception as exc:
-        print(f"reap: {runtime.describe(exc) if not isinstance(exc, SettingsError) else exc}", file=err)
-        return 2
-
-    def pick(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-        return find_leftovers(
-            rows,
-            prefixes=tuple(args.prefix) if args.prefix else None,
-            states=tuple(args.state) if args.state else None,
-            older_than=args.older_than,
-            idle_longer_than=args.idle,
-            include_active=args.include_active,
-        )
-
-    leftovers, active = pick(rows)
-    if args.json:
-        document = {"guests": leftovers, "dry_run": not args.yes, "kept_active": active}
-        json.dump(document, out, indent=2, default=str)
-        out.write("\n")
-    else:
-        print(f"{'ID':<30} {'NAME':<24} {'STATE':<11} {'AGE':<7} IDLE", file=out)
-        for row in leftovers:
-            idle = row["idle_seconds"]
-            print(
-                f"{row.get('id', ''):<30} {row.get('name', ''):<24} {row.get('status', ''):<11} "
-                f"{_format_age(row['age_seconds']):<7} {'-' if idle is None else _format_age(idle)}",
-                file=out,
-            )
-        print(f"{len(leftovers)} guest(s) left behind by the plugin.", file=out)
-        if active:
-            print(
-                f"Kept {active} creating or running guest(s) younger than {ACTIVE_GRACE_SECONDS // 3600}h: "
-                "they may be running a program now (--include-active to include them).",
-                file=out,
-            )
-    if not args.yes:
-        if leftovers and not args.json:
-            print("Dry run: nothing deleted. Re-run with --yes to delete them.", file=out)
-        return 0
-    deleted, failed = 0, []
-    for index, row in enumerate(leftovers, 1):
-        try:
-            endpoint.client.delete(row["id"])  # type: ignore[attr-defined]
-            deleted += 1
-        except Exception as exc:
-            failed.append((row["id"], runtime.describe(exc)))
-        _progress(index, len(leftovers), err)
-    if leftovers:
-        err.write("\n")
-    print(f"Deleted {deleted} of {len(leftovers)} guest(s).", file=out)
-    for sandbox_id, reason in failed:
-        print(f"  failed {sandbox_id}: {reason}", file=out)
-    try:  # what is left now, so nobody has to check by hand (the control plane may be going away)
-        rows = endpoint.client.list()  # type: ignore[attr-defined]
-        if args.idle is not None:
-            rows = [_with_pause_time(endpoint.client, row) for row in rows]
-    except Exception as exc:
-        print(f"Could not list the guests again to check: {runtime.describe(exc)}", file=out)
-        return 1
-    left, _ = pick(rows)
-    going = sum(1 for row in left if row.get("status") == "destroying")
-    print(
-        f"Left now: {len(left) - going} guest(s) matching"
-        + (f" ({going} more being destroyed)" if going else "")
-        + ("; nothing is left." if len(left) == going else "."),
-        file=out,
-    )
-    return 1 if failed or len(left) > going else 0
-
-
-# --- entry ------------------------------------------------------------------------------------
-
-
-def read_env_file(path: str) -> dict[str, str]:
-    """``NAME=value`` lines (``export`` and shell quoting allowed, ``#`` comments), as `make run`
-    writes its environment to ``.run/createos.env``."""
-    import shlex
-
-    values: dict[str, str] = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            words = shlex.split(line, comments=True)
-            if words and words[0] == "export":
-                words = words[1:]
-            if len(words) != 1 or "=" not in words[0]:
-                raise SettingsError(f"{path}:{number}: expected NAME=value")
-            name, _, value = words[0].partition("=")
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise SettingsError(f"{path}:{number}: {name!r} is not a variable name")
-            values[name] = value
-    return values
-
-
-def _env_file_option(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument(
-        "--env-file",
-        metavar="FILE",
-        help="read the environment from FILE first (NAME=value lines), e.g. .run/createos.env, "
-        "which `make run` writes: then this command sees what that Langflow sees",
-    )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="createos-langflow", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    doc = sub.add_parser("doctor", help="check the configuration and explain each fix")
-    doc.add_argument("--json", action="store_true", help="machine-readable output")
-    _env_file_option(doc)
-    rp = sub.add_parser(
-        "reap", help="list or delete guests left behind (lf-, lf-c-, lf-x- names; --prefix for others)"
-    )
-    rp.add_argument("--older-than", type=parse_duration, default=None, help="only guests older than e.g. 2h")
-    rp.add_argument(
-        "--prefix",
-        action="append",
-        help="any name with this prefix (repeatable); default: the names the plugin generates "
-        "(lf-, lf-c-, lf-x- followed by hex; not the warm pools' lf-w- and lf-xw-)",
-    )
-    rp.add_argument(
-        "--include-active",
-        action="store_true",
-        help="also creating/running guests younger than 2h (by default kept: a run may be in progress)",
-    )
-    rp.add_argument("--state", action="append", help="only guests in this state (repeatable)")
-    rp.add_argument(
-        "--idle",
-        type=parse_duration,
-        default=None,
-        help="only reused guests (lf-c-) paused for longer than e.g. 1h (CREATEOS_SANDBOX_REUSE_IDLE_SECONDS)",
-    )
-    rp.add_argument("--yes", action="store_true", help="really delete (default: dry run)")
-    rp.add_argument("--json", action="store_true", help="machine-readable output")
-    _env_file_option(rp)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.env_file:
-        try:
-            os.environ.update(read_env_file(args.env_file))
-        except (OSError, SettingsError) as exc:
-            print(f"createos-langflow: --env-file: {exc}", file=sys.stderr)
-            return 2
-    handlers: dict[str, Callable[[argparse.Namespace], int]] = {"doctor": _doctor_cmd, "reap": reap}
-    return handlers[args.command](args)
-
-
-def _doctor_cmd(args: argparse.Namespace) -> int:
-    report = doctor()
-    if args.json:
-        print(
-            json.dumps(
-                {"ok": report.ok, "surfaces": report.surfaces, "checks": [asdict(c) for c in report.checks]},
-                indent=2,
-            )
-        )
-    else:
-        _print_report(report)
-    return 0 if report.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,8 +32,9 @@ from typing import Any, Literal, TypeVar
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import admission, artifacts, clock, program_clock, runtime, settings
-from langflow_sandbox_createos.settings import DEFAULT_COMPONENT_SHAPE, SettingsError
+from langflow_sandbox_createos.component import artifacts
+from langflow_sandbox_createos.core import admission, clock, program_clock, runtime, settings
+from langflow_sandbox_createos.core.settings import DEFAULT_COMPONENT_SHAPE, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.component")
 

@@ -1,29 +1,6 @@
-"""The ``createos`` whole-flow executor: the entire graph runs in a throwaway CreateOS guest.
-
-Selected with ``LANGFLOW_EXECUTOR_KIND=createos``; lfx instantiates :class:`CreateOSExecutor`
-from the ``lfx.executors`` entry point. It covers everything that goes through lfx's
-execution coordinator (``/api/v1/run`` via ``Graph.arun``, the ``lfx run`` command, Loop
-subgraphs), not the vertices of a canvas build, whose endpoint walks them itself.
-
-One run: create a guest (``lf-x-...``) → one streaming exec of ``python3 -c <bootstrap>``
-whose stdin carries the guest runner (``guest/runner.py``), the run spec and a per-run frame
-secret → delete the guest, always. Each vertex's event is yielded as soon as the guest
-writes it; the run ends with ``RunComplete(outputs=list[RunOutputs])`` harvested in the
-guest the way ``Graph._run`` does it. A failure in the guest raises from the stream.
-
-Runtime options understood (others are ignored): ``initial_inputs``, ``max_iterations``,
-``config``, ``reset_output_values``, ``fallback_to_env_vars``, ``outputs``,
-``inputs_components``, ``types``, ``session_id`` and ``event_manager`` (its callbacks are
-relayed from the guest, see executor_host). ``open_flow_span`` and ``_``-prefixed keys stay
-on the host (debug log). ``stream`` is accepted, but generator results are always drained in
-the guest: a live generator cannot cross to the host. The graph's runtime state crosses too
-(see executor_protocol.vertex_state and docs/executor.md, "Parity").
-
-With ``CREATEOS_EXECUTOR_WARM_POOL=N`` the create, the runner's start and lfx's import happen
-ahead of need on a pooled guest (``lf-xw-...``, see executor_pool.py); the run uploads its spec
-to the waiting runner and reads the stream that guest has held open since warm-up.
-
-Importing this module is cheap and reads no settings.
+"""One executor run: one guest, one streaming exec of the runner, the frames it writes, the
+guest's deletion. :class:`CreateOSExecutor` (``executor/__init__.py``) makes one per run; the
+warm pool (``executor/pool.py``) starts the same run type ahead of need.
 """
 
 from __future__ import annotations
@@ -33,41 +10,26 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from lfx.execution.executor import Executor
-from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos import (
-    admission,
-    executor_flows,
-    executor_pool,
-    executor_sandbox,
-    runtime,
-    settings,
-)
-from langflow_sandbox_createos.executor_host import HostReplay
-from langflow_sandbox_createos.executor_protocol import (
+from langflow_sandbox_createos.core import runtime
+from langflow_sandbox_createos.core.settings import ExecutorSettings
+from langflow_sandbox_createos.executor import pool as executor_pool
+from langflow_sandbox_createos.executor.wire import (
     BOOTSTRAP,
     FrameReader,
-    GuestStatus,
-    SpecError,
-    build_spec,
-    decode_outputs,
-    decode_vertex,
     encode_runtime,
-    inline_secrets,
     new_token,
     runner_source,
     spec_mac,
     tail,
 )
-from langflow_sandbox_createos.settings import ExecutorSettings, SettingsError
 
 if TYPE_CHECKING:
-    from lfx.execution.types import Unit
+    pass
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -520,236 +482,3 @@ def _failure(
 
 
 # --- the executor ---------------------------------------------------------------------------
-
-
-class CreateOSExecutor(Executor):
-    """Runs whole flows on disposable CreateOS guests. Stateless: one shared instance serves
-    concurrent runs; everything a run owns lives in that run's generator."""
-
-    kind: ClassVar[str] = "createos"
-
-    async def execute(self, unit: Unit) -> AsyncIterator[StepResult | RunComplete]:
-        from lfx.graph.graph.constants import Finish
-
-        options = dict(unit.runtime_options or {})
-        try:
-            spec, dropped = build_spec(unit.graph, list(unit.inputs or []), options)
-        except SpecError as exc:
-            raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
-        if dropped:
-            logger.debug("CreateOS executor: what stays on the host: %s", ", ".join(sorted(dropped)))
-        try:
-            spec["runtime"]["flows"] = await executor_flows.resolve(spec["graph"], spec.get("user_id"))
-        except executor_flows.FlowReferenceError as exc:
-            raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
-        replay = HostReplay(options.get("event_manager"), unit.graph, spec)
-        secrets_inline = inline_secrets(spec["graph"])
-        if secrets_inline:
-            logger.info(
-                "CreateOS executor: %d secret field(s) hold inline values (%s); they reach the guest "
-                "inside the run spec (on stdin, or for a pooled guest in a file the runner removes "
-                "on reading). Prefer global variables forwarded with CREATEOS_EXECUTOR_ENV.",
-                len(secrets_inline),
-                ", ".join(secrets_inline),
-            )
-        try:
-            cfg = settings.executor_settings()
-        except SettingsError as exc:
-            raise SandboxUnavailableError(str(exc)) from None
-        endpoint = runtime.endpoints.get()
-        spec["timeout"] = cfg.timeout_seconds
-        spec["reply_dir"] = REPLY_DIR
-        spec["sandbox"] = {
-            **executor_sandbox.guest_view(),
-            "component": executor_sandbox.holds_component(spec["graph"], spec["runtime"].get("flows")),
-        }
-        if cfg.install_lfx and not guest_knowledge.known_good(endpoint.base_url, cfg.rootfs):
-            spec["install"] = _install_request(cfg)
-
-        run: _Run | None = None
-        bridge: executor_sandbox.SandboxBridge | None = None
-        started = time.monotonic()
-        status = "failed"  # until RunComplete is out
-        await admission.executor_line.enter(
-            cfg.max_guests, lambda ahead, in_flight: _announce_wait(options, cfg, ahead, in_flight)
-        )
-        try:
-            early: list[tuple[str, Any]] = []
-            if cfg.warm_pool and "install" not in spec:
-                run, early = await _take_warm(endpoint, cfg, spec)
-            if run is None:
-                run = _Run(endpoint.client, cfg, spec)
-                await run.create()
-                run.start_exec(await run.stage())
-            replay.reply = run.reply
-            bridge = executor_sandbox.SandboxBridge(unit.graph, spec, run.reply)
-            frames: dict[str, Mapping[str, Any]] = {}
-            async for kind, item in _reports(run, early):
-                if kind == "error":
-                    raise item
-                if kind == "end":
-                    result = item
-                    break
-                frame: Mapping[str, Any] = item
-                frame_type = frame["t"]
-                if await replay.handle(frame):
-                    continue
-                if frame_type == "sandbox":
-                    bridge.handle(frame)
-                    continue
-                if frame_type == "vertex":
-                    try:
-                        event = decode_vertex(frame)
-                    except Exception as exc:
-                        raise SandboxExecutionError(
-                            f"CreateOS executor: unreadable vertex event from the guest: {exc}"
-                        ) from None
-                    yield StepResult(payload=event)
-                    continue
-                if frame_type in ONCE and frame_type in frames:
-                    # the runner writes these once, before (or after) any flow code runs: a
-                    # second one is flow code that learnt the frame secret
-                    raise SandboxExecutionError(
-                        f"CreateOS executor: the guest sent a second {frame_type!r} frame; the run "
-                        "was stopped (docs/executor.md, frame limits)."
-                    )
-                frames.setdefault(frame_type, frame)
-                if frame_type == "ready":
-                    lfx_version = _version_text(frame.get("lfx"))
-                    if not frame.get("installed"):
-                        guest_knowledge.record(endpoint.base_url, cfg.rootfs, lfx_version)
-                    yield StepResult(
-                        payload=GuestStatus(
-                            status="ready",
-                            sandbox_id=run.sandbox_id,
-                            rootfs=cfg.rootfs,
-                            lfx_version=lfx_version,
-                            installed=bool(frame.get("installed")),
-                            pooled=run.pooled,
-                        )
-                    )
-
-            error = _failure(cfg, frames, result, run.stderr_text())
-            if error is not None:
-                raise error
-            try:
-                outputs = decode_outputs(frames["outputs"])
-            except Exception as exc:
-                raise SandboxExecutionError(
-                    f"CreateOS executor: unreadable outputs from the guest: {exc}"
-                ) from None
-            if run.plain_lines:
-                logger.debug("CreateOS executor: %d unframed stdout line(s) ignored", run.plain_lines)
-            status = "ok"  # a consumer may stop iterating at RunComplete: the run is done by now
-            yield StepResult(payload=Finish())
-            yield RunComplete(outputs=outputs)
-        finally:
-            try:
-                if bridge is not None:
-                    await bridge.close()
-                if run is not None:
-                    await run.close()
-            finally:
-                admission.executor_line.leave()
-            _log_run(spec, run, bridge, started, status)
-
-    @staticmethod
-    def shutdown() -> None:
-        """Delete every pooled guest of this process now (interpreter exit does it too)."""
-        executor_pool.shutdown()
-
-
-def _announce_wait(
-    options: Mapping[str, Any], cfg: settings.ExecutorSettings, ahead: int, in_flight: int
-) -> None:
-    """A run that waits in line says so once: in the log and in its own events (a log event,
-    as a component's log reaches the canvas)."""
-    text = (
-        f"CreateOS executor: {in_flight} run(s) in flight, the limit (CREATEOS_EXECUTOR_MAX_GUESTS="
-        f"{cfg.max_guests}); this run waits in line behind {ahead} other(s)"
-    )
-    logger.info(text)
-    callback = getattr(options.get("event_manager"), "on_log", None)
-    if callable(callback):
-        try:
-            callback(data={"name": "CreateOS executor", "message": text, "type": "text"})
-        except Exception:  # telling the caller is best effort; the wait itself is what matters
-            logger.debug("could not emit the waiting-in-line event", exc_info=True)
-
-
-def _log_run(
-    spec: Mapping[str, Any],
-    run: _Run | None,
-    bridge: executor_sandbox.SandboxBridge | None,
-    started: float,
-    status: str,
-) -> None:
-    """One info line per executor run: which guest, how long, how it ended."""
-    sandboxed = f", {bridge.served} sandboxed node run(s) on the host" if bridge and bridge.asked else ""
-    if bridge is not None and bridge.refused:
-        sandboxed += f", {bridge.refused} refused"
-    logger.info(
-        "CreateOS executor: flow %s ran on guest %s%s in %.2f s: %s%s",
-        spec.get("flow_id") or "(no id)",
-        (run.sandbox_id if run is not None else None) or "(none)",
-        " (pooled)" if run is not None and run.pooled else "",
-        time.monotonic() - started,
-        status,
-        sandboxed,
-    )
-
-
-async def _reports(run: _Run, early: list[tuple[str, Any]]) -> AsyncIterator[tuple[str, Any]]:
-    """What the guest's exec reported before the run took it, then what it reports live."""
-    for item in early:
-        yield item
-    while True:
-        yield await run.queue.get()
-
-
-async def _take_warm(
-    endpoint: runtime.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any]
-) -> tuple[_Run | None, list[tuple[str, Any]]]:
-    """A pooled guest that has accepted this run's spec, with what it reported while it
-    waited; (None, []) when no guest is ready or the one taken turned out stale (it is then
-    deleted, and nothing of this run has run on it)."""
-    run, key = executor_pool.take(endpoint, cfg, _forwarded_env(cfg))
-    if run is None:
-        return None, []
-    early = run.attach()
-    reason = None
-    try:
-        if any(kind != "frame" for kind, _ in early):
-            reason = "its runner had already exited"
-        elif not await run.deliver(spec):
-            reason = "it refused the spec (paused or deleted)"
-        else:
-            while reason is None:
-                try:
-                    kind, item = await asyncio.wait_for(run.queue.get(), ACCEPT_SECONDS)
-                except TimeoutError:
-                    raise SandboxExecutionError(
-                        f"CreateOS executor: the pooled guest {run.sandbox_id} did not pick up the run "
-                        f"within {ACCEPT_SECONDS:g} s; it was deleted and the run was not started."
-                    ) from None
-                if kind == "frame" and item.get("t") == "accepted":
-                    early.append((kind, item))
-                    return run, early
-                if kind == "frame":
-                    early.append((kind, item))
-                elif kind == "end":  # a complete stream without `accepted`: nothing ran
-                    reason = "its runner exited before taking the run"
-                else:  # the stream broke: whether the run began there is unknown, so fail closed
-                    raise SandboxExecutionError(
-                        f"CreateOS executor: the stream of pooled guest {run.sandbox_id} broke while "
-                        f"it took the run ({item}); it was deleted and the run was not retried."
-                    )
-    except BaseException:
-        await run.close()
-        raise
-    executor_pool.note_stale(key, run.sandbox_id or "?")
-    logger.info(
-        "CreateOS executor: pooled guest %s was not usable (%s); using a fresh one", run.sandbox_id, reason
-    )
-    await run.close()
-    return None, []
