@@ -201,7 +201,7 @@ static const char *arg_cstr(PyObject *o, const char *what, size_t maxlen)
  * first). When none is readable, libcurl's default stays: Debian's file and
  * /etc/ssl/certs. */
 static const char *const ca_bundles[] = {
-    "/etc/ssl/certs/ca-certificates.crt",               /* Debian, Ubuntu, Arch, Gentoo */
+    "/etc/ssl/certs/ca-certificates.crt",                /* Debian, Ubuntu, Arch, Gentoo */
     "/etc/pki/tls/certs/ca-bundle.crt",                  /* RHEL, CentOS, Fedora, Amazon Linux */
     "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", /* RHEL/Fedora: what the above links to */
     "/etc/ssl/ca-bundle.pem",                            /* openSUSE, SLES */

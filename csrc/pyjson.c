@@ -126,8 +126,9 @@ static json_t *mapping_to_json(PyObject *o, int depth)
         if (!PyTuple_Check(kv) || COS_TUPLE_SIZE(kv) != 2) {
             PyObject *mname = cos_type_name(o), *iname = cos_type_name(kv);
             if (mname != NULL && iname != NULL)
-                PyErr_Format(PyExc_TypeError, "%.100U.items() must yield (key, value) pairs, got %.100U",
-                             mname, iname);
+                PyErr_Format(PyExc_TypeError,
+                             "%.100U.items() must yield (key, value) pairs, got %.100U", mname,
+                             iname);
             Py_XDECREF(mname);
             Py_XDECREF(iname);
             goto error;
