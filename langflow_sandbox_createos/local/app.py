@@ -29,8 +29,8 @@ from .envelope import ApiError, bad_request, error, fail, success
 from .execution import ExecStreamResponse, run_buffered
 from .faults import FaultMiddleware, FaultSet
 from .files import FileDescriptorResponse, normalise, open_for_read, open_upload
-from .guest import ExecRequest, GuestRunner, isolation_probe
 from .images import GUEST_HOME, HOST_GUEST_GID, HOST_GUEST_UID, Image, build_images
+from .jailer import ExecRequest, GuestRunner, isolation_probe
 from .mounts import umount
 from .network import EgressPolicy, host_addresses
 from .stats import Counters, StatsMiddleware
