@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=args.log_level,
     )
     # imported late so --help works without the server dependencies
-    from .app import check_isolation
+    from .plane import check_isolation
     from .server import serve
 
     problem = check_isolation(config)
