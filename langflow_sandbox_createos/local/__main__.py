@@ -147,34 +147,71 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+    args, key, generated = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    owned_state = args.state_dir is None
+    config = server_config(args, key, make_state_dir(args.state_dir))
+    # imported late so --help works without the server dependencies
+    from .plane import check_isolation
+    from .server import serve
+
+    problem = check_isolation(config)
+    if problem:
+        print(f"createos-local: cannot isolate guests: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+    if config.isolation:
+        enter_private_mount_namespace(config.state_dir, owned_state)
+    if generated:
+        print(f"createos-local: API key (generated for this run): {key}", flush=True)
+    # sandboxes are not persisted: leftovers of a previous run are garbage
+    shutil.rmtree(config.state_dir / "sandboxes", ignore_errors=True)
+    guests_link = mount_guests_dir(config)
+    try:
+        serve(config)
+    finally:
+        if guests_link is not None:
+            unmount_guests_dir(guests_link)
+        if owned_state:
+            shutil.rmtree(config.state_dir, ignore_errors=True)
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, str, bool]:
+    """The command line, checked (a usage error exits when it does not hold together), with
+    the API key to require and whether it was generated here."""
+    p = parser()
+    args = p.parse_args(argv)
     if not is_loopback(args.host) and not args.allow_remote:
-        parser().error(
+        p.error(
             f"--host {args.host} is not a loopback address: every machine that can reach it could create "
             "guests (which run real processes here) with the API key. Pass --allow-remote to mean it."
         )
     try:
         key, generated = api_key(args.api_key)
     except ValueError as exc:
-        parser().error(str(exc))
+        p.error(str(exc))
     if args.max_connections_per_client < 1 or args.idle_connection_seconds <= 0:
-        parser().error(
-            "--max-connections-per-client must be at least 1 and --idle-connection-seconds above 0"
-        )
+        p.error("--max-connections-per-client must be at least 1 and --idle-connection-seconds above 0")
     if (args.tls_cert is None) != (args.tls_key is None):
-        parser().error("--tls-cert and --tls-key go together")
+        p.error("--tls-cert and --tls-key go together")
     if args.http2 and args.tls_cert is None:
-        parser().error("--http2 needs --tls-cert and --tls-key (clients negotiate HTTP/2 with TLS ALPN)")
+        p.error("--http2 needs --tls-cert and --tls-key (clients negotiate HTTP/2 with TLS ALPN)")
     if args.http2:
         try:
             import hypercorn  # noqa: F401
         except ImportError:
-            parser().error("--http2 needs hypercorn: pip install hypercorn")
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    owned_state = args.state_dir is None
-    state_dir = Path(tempfile.mkdtemp(prefix="createos-local-")) if owned_state else args.state_dir
+            p.error("--http2 needs hypercorn: pip install hypercorn")
+    return args, key, generated
+
+
+def make_state_dir(given: Path | None) -> Path:
+    """The state directory, made: ``given``, else a fresh temporary one (``main`` removes it)."""
+    state_dir = Path(tempfile.mkdtemp(prefix="createos-local-")) if given is None else given
     state_dir.mkdir(parents=True, exist_ok=True)
-    config = ServerConfig(
+    return state_dir
+
+
+def server_config(args: argparse.Namespace, key: str, state_dir: Path) -> ServerConfig:
+    return ServerConfig(
         host=args.host,
         port=args.port,
         api_key=key,
@@ -199,52 +236,44 @@ def main(argv: Sequence[str] | None = None) -> None:
         http2=args.http2,
         log_level=args.log_level,
     )
-    # imported late so --help works without the server dependencies
-    from .app import check_isolation
-    from .server import serve
 
-    problem = check_isolation(config)
-    if problem:
-        print(f"createos-local: cannot isolate guests: {problem}", file=sys.stderr)
-        raise SystemExit(2)
-    if config.isolation:
-        from .mounts import private_mount_namespace
 
-        if owned_state:
-            state_dir.chmod(0o711)
+def enter_private_mount_namespace(state_dir: Path, owned_state: bool) -> None:
+    from .mounts import private_mount_namespace
 
-        # every guest disk and root is a mount of this namespace: none reaches the host's
-        # mount table, and all of them go away with this process, even on SIGKILL
-        private_mount_namespace()
-    if generated:
-        print(f"createos-local: API key (generated for this run): {key}", flush=True)
-    # sandboxes are not persisted: leftovers of a previous run are garbage
-    shutil.rmtree(config.state_dir / "sandboxes", ignore_errors=True)
-    guests_link: Path | None = None
-    if config.isolation and not searchable_by_others(config.state_dir):
-        # guests run as an unprivileged host user whose bwrap opens its root by path: when a
-        # directory above the state dir is private (e.g. under /root), the sandboxes are also
-        # mounted (in this process's namespace only) on a searchable directory of their own
-        from .mounts import MS_BIND, mount
+    if owned_state:
+        state_dir.chmod(0o711)
 
-        sandboxes = config.state_dir / "sandboxes"
-        sandboxes.mkdir(mode=0o711)
-        guests_link = Path(tempfile.mkdtemp(prefix="createos-local-guests-"))
-        guests_link.chmod(0o711)
-        mount(sandboxes, guests_link, None, MS_BIND)
-        config.guests_dir = guests_link
-    try:
-        serve(config)
-    finally:
-        if guests_link is not None:
-            from .mounts import umount
+    # every guest disk and root is a mount of this namespace: none reaches the host's
+    # mount table, and all of them go away with this process, even on SIGKILL
+    private_mount_namespace()
 
-            with contextlib.suppress(OSError):
-                umount(guests_link)
-            with contextlib.suppress(OSError):
-                guests_link.rmdir()
-        if owned_state:
-            shutil.rmtree(state_dir, ignore_errors=True)
+
+def mount_guests_dir(config: ServerConfig) -> Path | None:
+    """Guests run as an unprivileged host user whose bwrap opens its root by path: when a
+    directory above the state dir is private (e.g. under /root), the sandboxes are also
+    mounted (in this process's namespace only) on a searchable directory of their own,
+    returned here (None when it is not needed)."""
+    if not config.isolation or searchable_by_others(config.state_dir):
+        return None
+    from .mounts import MS_BIND, mount
+
+    sandboxes = config.state_dir / "sandboxes"
+    sandboxes.mkdir(mode=0o711)
+    guests_link = Path(tempfile.mkdtemp(prefix="createos-local-guests-"))
+    guests_link.chmod(0o711)
+    mount(sandboxes, guests_link, None, MS_BIND)
+    config.guests_dir = guests_link
+    return guests_link
+
+
+def unmount_guests_dir(guests_link: Path) -> None:
+    from .mounts import umount
+
+    with contextlib.suppress(OSError):
+        umount(guests_link)
+    with contextlib.suppress(OSError):
+        guests_link.rmdir()
 
 
 if __name__ == "__main__":

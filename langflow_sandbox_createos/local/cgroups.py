@@ -3,7 +3,7 @@
 Used when ``/sys/fs/cgroup/{memory,freezer,pids}`` are writable (we run as root on cgroup v1).
 The pids group caps a sandbox at ``GUEST_PIDS_MAX`` tasks (threads count), so a fork bomb
 fails with EAGAIN inside its guest instead of exhausting the host's PID space.
-Guests join their groups through the launcher shell (see ``guest.py``) before ``bwrap`` runs,
+Guests join their groups through the launcher shell (see ``jailer.py``) before ``bwrap`` runs,
 so every process of an exec is accounted, frozen on pause and killed on delete.
 """
 

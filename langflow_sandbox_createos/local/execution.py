@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from .faults import wait_for_disconnect
-from .guest import ExecRequest, GuestProcess, GuestRunner, GuestStartError
+from .jailer import ExecRequest, GuestProcess, GuestRunner, GuestStartError
 from .store import Sandbox
 
 NDJSON = "application/x-ndjson"

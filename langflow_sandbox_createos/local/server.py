@@ -14,9 +14,10 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .app import Plane, build_app
 from .config import ServerConfig
 from .faults import CONNECTION_KEY, TRANSPORT_KEY
+from .plane import Plane
+from .routes import build_app
 from .stats import Counters
 
 log = logging.getLogger("createos.local")

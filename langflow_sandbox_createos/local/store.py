@@ -23,8 +23,8 @@ from . import pids
 from .catalog import Shape
 from .cgroups import CgroupManager, SandboxCgroups
 from .envelope import ApiError
-from .guest import GuestLayout, GuestProcess
 from .images import Image
+from .jailer import GuestLayout, GuestProcess
 
 log = logging.getLogger("createos.local")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos.local.guest import GuestProcess, _unread_bytes, pipe_fd, spawn
+from langflow_sandbox_createos.local.jailer import GuestProcess, _unread_bytes, pipe_fd, spawn
 
 uvloop = pytest.importorskip("uvloop")
 

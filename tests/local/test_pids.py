@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from langflow_sandbox_createos.local import pids
-from langflow_sandbox_createos.local.guest import GuestInit
+from langflow_sandbox_createos.local.jailer import GuestInit
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pidfds are Linux-only")
 

@@ -6,7 +6,7 @@ Issue 32 found four tests that passed on a broken product. For each, a small del
     mutation            product file                            test that must fail
     reuse-fails         components/sandbox_run.py               tests/reliability/test_soak.py
     backend-leak        backend.py                              tests/reliability/test_soak.py
-    guests-see-roots    local/guest.py                          tests/local/test_isolation.py::test_guests_cannot_see_each_other_or_server_state
+    guests-see-roots    local/jailer.py                         tests/local/test_isolation.py::test_guests_cannot_see_each_other_or_server_state
     admin-faulted       local/faults.py                         tests/local/test_faults.py::test_admin_routes_are_not_faulted
     refused-create-row  local/faults.py                         tests/reliability/test_list_memory.py
 
@@ -85,7 +85,7 @@ MUTATIONS = [
     Mutation(
         "guests-see-roots",
         "every guest sees the server's state dir, and in it every other guest's root",
-        f"{PKG}/local/guest.py",
+        f"{PKG}/local/jailer.py",
         '        argv += ["--bind", str(req.layout.fs), "/", "--proc", "/proc", "--dev", "/dev"]\n',
         '        argv += ["--bind", str(req.layout.fs), "/", "--proc", "/proc", "--dev", "/dev"]\n'
         '        argv += ["--ro-bind", str(self.state_dir), str(self.state_dir)]  # MUTATION\n',

@@ -1,15 +1,16 @@
-"""Guest processes: every exec runs ``cmd`` + ``args`` inside bubblewrap namespaces.
+"""The jailer: starts guest processes and confines them (namespaces, cgroups, seccomp, bwrap).
 
-A guest's root is its own (``GuestLayout``: an overlay of its image on a tmpfs disk, mounted
-by the server in its private mount namespace), and so is its network (``network.GuestNetwork``:
-a namespace the server makes, with a NAT and egress rules of its own). The first exec starts the
-guest's PID 1 (bwrap's reaper, whose child sleeps); every exec joins its user and PID namespaces
-and its network namespace, so what it leaves running in the background lives on until pause
-freezes it or delete kills PID 1 and with it the namespace. Each exec gets its own mount, UTS
-and IPC namespaces. Commands run as root (uid 0) in the guest's user namespace, as on a VM,
-with a small set of capabilities that reach nothing outside it; outside, that root is the host's
-unprivileged ``nobody``: ``setpriv`` drops the server's root before bwrap runs. Every guest
-process runs under the seccomp filter of ``seccomp`` and cannot make user namespaces.
+Every exec runs ``cmd`` + ``args`` inside bubblewrap namespaces. A guest's root is its own
+(``GuestLayout``: an overlay of its image on a tmpfs disk, mounted by the server in its private
+mount namespace), and so is its network (``network.GuestNetwork``: a namespace the server makes,
+with a NAT and egress rules of its own). The first exec starts the guest's PID 1 (bwrap's
+reaper, whose child sleeps); every exec joins its user and PID namespaces and its network
+namespace, so what it leaves running in the background lives on until pause freezes it or delete
+kills PID 1 and with it the namespace. Each exec gets its own mount, UTS and IPC namespaces.
+Commands run as root (uid 0) in the guest's user namespace, as on a VM, with a small set of
+capabilities that reach nothing outside it; outside, that root is the host's unprivileged
+``nobody``: ``setpriv`` drops the server's root before bwrap runs. Every guest process runs
+under the seccomp filter of ``seccomp`` and cannot make user namespaces.
 
 The launcher is a tiny ``/bin/sh`` script that joins the sandbox's cgroups (or sets
 ``ulimit -v`` when cgroups are not writable) and then ``exec``s nsenter (into the guest's
