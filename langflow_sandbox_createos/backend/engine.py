@@ -77,7 +77,7 @@ class CreateOSBackend:
     def __init__(self) -> None:
         # Serializes shutdown(): two concurrent calls would race for the same outcomes.
         self._lock = threading.Lock()
-        # CREATEOS_SANDBOX_WARM_POOL > 0: guests booted ahead of need (warm_pool.py). Per
+        # CREATEOS_SANDBOX_WARM_POOL > 0: guests booted ahead of need (core/warm_pool.py). Per
         # instance, so shutting down the loser of a construction race leaves the winner's alone.
         self._pool = warm_pool.WarmPool(random_name=runtime.random_name)
 

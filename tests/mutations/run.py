@@ -4,8 +4,8 @@ Issue 32 found four tests that passed on a broken product. For each, a small del
 (a mutation) of the product, applied to a copy of this repository, never to the checkout:
 
     mutation            product file                            test that must fail
-    reuse-fails         components/sandbox_run.py               tests/reliability/test_soak.py
-    backend-leak        backend.py                              tests/reliability/test_soak.py
+    reuse-fails         component/engine.py                     tests/reliability/test_soak.py
+    backend-leak        backend/engine.py                       tests/reliability/test_soak.py
     guests-see-roots    local/jailer.py                         tests/local/test_isolation.py::test_guests_cannot_see_each_other_or_server_state
     admin-faulted       local/faults.py                         tests/local/test_faults.py::test_admin_routes_are_not_faulted
     refused-create-row  local/faults.py                         tests/reliability/test_list_memory.py
@@ -60,7 +60,7 @@ MUTATIONS = [
         "reuse-fails",
         "every Guest Reuse run that finds its guest fails (the first run, which creates it, works),"
         " with a message a real fault could give",
-        f"{PKG}/components/sandbox_run.py",
+        f"{PKG}/component/engine.py",
         '    sandbox_id = str(record["id"])\n    wanted_pause = int(spec["auto_pause_after_seconds"])\n',
         '    sandbox_id = str(record["id"])\n'
         "    if reused:  # MUTATION\n"
@@ -74,7 +74,7 @@ MUTATIONS = [
     Mutation(
         "backend-leak",
         "every backend run leaks 24 KiB",
-        f"{PKG}/backend.py",
+        f"{PKG}/backend/engine.py",
         "        del session\n        config = _read_settings()\n",
         "        del session\n"
         "        _MUTATION_LEAK.append(bytearray(24 * 1024))  # MUTATION\n"
