@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from langflow_sandbox_createos.core import runtime, settings
+from langflow_sandbox_createos.core import connection, guest_spec, settings
 from langflow_sandbox_createos.executor.run import _Run
 from langflow_sandbox_createos.executor.wire import build_spec
 from langflow_sandbox_createos.local.testing import LocalControlPlane
@@ -52,7 +52,7 @@ async def one_run() -> dict[str, float]:
     cfg = settings.executor_settings()
     spec, _ = build_spec(chat_unit_graph(), [], {"initial_inputs": InputValueRequest(input_value="hi")})
     spec["timeout"] = cfg.timeout_seconds
-    run = _Run(runtime.endpoints.get(), cfg, spec)
+    run = _Run(connection.endpoints.get(), cfg, spec)
     marks: dict[str, float] = {}
     started = time.monotonic()
     try:
@@ -97,10 +97,10 @@ def main() -> None:
             CREATEOS_SANDBOX_BASE_URL=cp.url,
             CREATEOS_EXECUTOR_ROOTFS=args.rootfs,
         )
-        client = runtime.endpoints.get().client
+        client = connection.endpoints.get().client
         sandbox_id = client.create(
             {
-                "name": runtime.random_name("lf-x-"),
+                "name": guest_spec.random_name("lf-x-"),
                 "rootfs": args.rootfs,
                 "shape": settings.DEFAULT_EXECUTOR_SHAPE,
             }

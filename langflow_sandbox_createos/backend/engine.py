@@ -29,7 +29,18 @@ from lfx.utils.sandbox.base import (
     SandboxUnavailableError,
 )
 
-from langflow_sandbox_createos.core import admission, program_clock, runtime, settings, warm_pool
+from langflow_sandbox_createos.core import (
+    admission,
+    connection,
+    failures,
+    guest_spec,
+    network,
+    program_clock,
+    settings,
+    shape_catalog,
+    warm_pool,
+)
+from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import BackendSettings, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.backend")
@@ -46,7 +57,7 @@ KILLED_STATUS = 137
 # The guest's `timeout` is authoritative; this only bounds a wedged control plane.
 EXEC_GRACE_SECONDS = 15.0
 
-STDIN_PROGRAM_MAX_BYTES = runtime.STDIN_PROGRAM_MAX_BYTES  # programs up to this travel on stdin
+STDIN_PROGRAM_MAX_BYTES = guest_spec.STDIN_PROGRAM_MAX_BYTES  # programs up to this travel on stdin
 
 # shutdown() waits at most this long for queued background deletes.
 SHUTDOWN_DRAIN_SECONDS = 10.0
@@ -68,7 +79,7 @@ class CreateOSBackend:
 
     A process-wide singleton called from arbitrary threads. The shared state (one native
     client per endpoint, the whoami latch and the shape catalog) lives in
-    :data:`runtime.endpoints`, which the other surfaces share, so this class holds only the
+    :data:`connection.endpoints`, which the other surfaces share, so this class holds only the
     lock that serializes its shutdown.
     """
 
@@ -79,7 +90,7 @@ class CreateOSBackend:
         self._lock = threading.Lock()
         # CREATEOS_SANDBOX_WARM_POOL > 0: guests booted ahead of need (core/warm_pool.py). Per
         # instance, so shutting down the loser of a construction race leaves the winner's alone.
-        self._pool = warm_pool.WarmPool(random_name=runtime.random_name)
+        self._pool = warm_pool.WarmPool(random_name=guest_spec.random_name)
 
     def __repr__(self) -> str:
         return f"<CreateOSBackend name={self.name!r}>"
@@ -115,29 +126,29 @@ class CreateOSBackend:
         del session
         config = _read_settings()
         if config.allowed_domains:
-            raise runtime.domains_refusal(config.allowed_domains)
-        runtime.egress_gate(config.allow_network, config.accept_egress_exceptions)
-        refusal = runtime.nul_refusal(code, "The program")
+            raise network.domains_refusal(config.allowed_domains)
+        network.egress_gate(config.allow_network, config.accept_egress_exceptions)
+        refusal = guest_spec.nul_refusal(code, "The program")
         if refusal:
             raise SandboxExecutionError(f"CreateOS: {refusal}")
         guest_env = _guest_env(env)
 
-        endpoint = runtime.endpoints.get()
+        endpoint = connection.endpoints.get()
         _preflight(endpoint)
         _isolation_gate(endpoint)
-        shape = runtime.pick_shape(runtime.catalog(endpoint), config.memory_mb, config.shape)
+        shape = shape_catalog.pick_shape(shape_catalog.catalog(endpoint), config.memory_mb, config.shape)
 
         program = _Program.build(code, config.timeout_seconds)
         create: dict[str, Any] = {
             "shape": shape,
             "rootfs": config.rootfs,
-            "name": runtime.random_name(NAME_PREFIX),
-            "egress": list(runtime.egress_rules(config.allow_network)),
+            "name": guest_spec.random_name(NAME_PREFIX),
+            "egress": list(network.egress_rules(config.allow_network)),
             "envs": guest_env,
-            "auto_pause_after_seconds": runtime.auto_pause_seconds(config.timeout_seconds),
+            "auto_pause_after_seconds": guest_spec.auto_pause_seconds(config.timeout_seconds),
         }
         client: Any = endpoint.client
-        native = runtime._native()
+        native = load_native()
         started = time.monotonic()
         run_args = ("/bin/sh", ["-c", program.script])
         run_kwargs: dict[str, Any] = {
@@ -165,15 +176,15 @@ class CreateOSBackend:
             else:
                 result = client.run_program(create, *run_args, **run_kwargs)
         except native.CreateOSError as exc:
-            runtime.reap_lost_create(client, create["name"], exc)
-            error = runtime.to_lfx_error(exc, "run the program on a CreateOS guest")
+            failures.reap_lost_create(client, create["name"], exc)
+            error = failures.to_lfx_error(exc, "run the program on a CreateOS guest")
             guest = getattr(exc, "sandbox_id", None)
             if guest:
                 error = type(error)(f"{error} (guest {guest}, which is being deleted)")
             raise error from None
         finally:
             admission.backend_line.leave()
-            runtime.log_delete_outcomes(client, 0.0, logger)
+            failures.log_delete_outcomes(client, 0.0, logger)
         logger.debug(
             "createos run on %s (%s) finished in %.0f ms wall, exit %s",
             result.sandbox_id,
@@ -187,7 +198,7 @@ class CreateOSBackend:
         """Wait up to SHUTDOWN_DRAIN_SECONDS for queued deletes and log each outcome.
 
         Closes nothing: the native clients are shared with the other surfaces through
-        runtime.endpoints, and a second backend instance (lfx shuts down the loser of a
+        connection.endpoints, and a second backend instance (lfx shuts down the loser of a
         construction race) must not break the one that won. Safe to call repeatedly.
         """
         with self._lock:
@@ -196,7 +207,7 @@ class CreateOSBackend:
 
     def _drain_all(self) -> None:
         deadline = time.monotonic() + SHUTDOWN_DRAIN_SECONDS
-        for endpoint in runtime.endpoints.all():
+        for endpoint in connection.endpoints.all():
             client: Any = endpoint.client
             try:
                 pending = client.pending_deletes()
@@ -204,7 +215,7 @@ class CreateOSBackend:
                 logger.debug("pending_deletes failed", exc_info=True)
                 continue
             remaining = max(0.0, deadline - time.monotonic())
-            runtime.log_delete_outcomes(client, remaining if pending else 0.0, logger)
+            failures.log_delete_outcomes(client, remaining if pending else 0.0, logger)
             try:
                 left = client.pending_deletes()
             except Exception:
@@ -219,7 +230,7 @@ class CreateOSBackend:
 
     def reset_after_fork(self) -> None:
         """In a forked child: fresh lock, forget state. The parent's clients (sockets and
-        I/O thread) are forgotten by runtime.endpoints' own fork hook, never closed."""
+        I/O thread) are forgotten by connection.endpoints' own fork hook, never closed."""
         self._lock = threading.Lock()
         self._pool.forget_after_fork()  # the parent's pooled guests stay the parent's
 
@@ -262,14 +273,14 @@ def _guest_env(env: Mapping[str, str] | None) -> dict[str, str]:
         if not isinstance(key, str) or not key or "=" in key or "\0" in key:
             raise SandboxExecutionError(f"CreateOS: {key!r} cannot be an environment variable name.")
         text = value if isinstance(value, str) else str(value)
-        refusal = runtime.nul_refusal(text, f"The value of environment variable {key}")
+        refusal = guest_spec.nul_refusal(text, f"The value of environment variable {key}")
         if refusal:
             raise SandboxExecutionError(f"CreateOS: {refusal}")
         out[key] = text
     return out
 
 
-def _pool_key(endpoint: runtime.Endpoint, create: Mapping[str, Any]) -> warm_pool.PoolKey:
+def _pool_key(endpoint: connection.Endpoint, create: Mapping[str, Any]) -> warm_pool.PoolKey:
     """The warm-pool configuration of a run: endpoint and every policy the guest is created
     with. Env keys are part of it, env values are not (they are passed at exec)."""
     try:
@@ -278,7 +289,7 @@ def _pool_key(endpoint: runtime.Endpoint, create: Mapping[str, Any]) -> warm_poo
         raise SandboxUnavailableError(str(exc)) from None
     return warm_pool.PoolKey(
         base_url=endpoint.base_url,
-        key_digest=runtime.key_digest(key),
+        key_digest=connection.key_digest(key),
         shape=create["shape"],
         rootfs=create["rootfs"],
         egress=tuple(create["egress"]),
@@ -306,7 +317,7 @@ def _reported_isolation() -> str:
     accepts it for tests and demos. Before the first whoami of an endpoint nothing is known:
     run() asks first and refuses itself (`_isolation_gate`)."""
     try:
-        endpoint = runtime.endpoints.get()
+        endpoint = connection.endpoints.get()
     except SandboxUnavailableError:
         return HARDWARE  # run() refuses the settings anyway
     isolation = endpoint.isolation
@@ -318,7 +329,7 @@ def _reported_isolation() -> str:
     )
 
 
-def _isolation_gate(endpoint: runtime.Endpoint) -> None:
+def _isolation_gate(endpoint: connection.Endpoint) -> None:
     if endpoint.isolation in (None, HARDWARE) or _local_acknowledged():
         return
     raise SandboxUnavailableError(
@@ -329,11 +340,11 @@ def _isolation_gate(endpoint: runtime.Endpoint) -> None:
     )
 
 
-def _preflight(endpoint: runtime.Endpoint) -> None:
+def _preflight(endpoint: connection.Endpoint) -> None:
     """GET /v1/whoami once per endpoint (a new key or base URL is a new endpoint)."""
     if endpoint.preflight_ok:
         return
-    native = runtime._native()
+    native = load_native()
     with endpoint.lock:
         if endpoint.preflight_ok:
             return
@@ -350,8 +361,8 @@ def _preflight(endpoint: runtime.Endpoint) -> None:
                     f"{endpoint.base_url} did not answer like a CreateOS control plane ({exc}). "
                     "Check CREATEOS_SANDBOX_BASE_URL."
                 ) from None
-            raise runtime.to_lfx_error(exc, "verify the API key (GET /v1/whoami)") from None
-        endpoint.isolation = runtime.plane_isolation(who)
+            raise failures.to_lfx_error(exc, "verify the API key (GET /v1/whoami)") from None
+        endpoint.isolation = connection.plane_isolation(who)
         endpoint.preflight_ok = True
 
 

@@ -187,7 +187,7 @@ def _check_policy(report: Report) -> Any:
 
 
 def _check_control_plane(report: Report, backend: Any) -> None:
-    from langflow_sandbox_createos.core import runtime
+    from langflow_sandbox_createos.core import connection, failures, shape_catalog
 
     try:
         key = settings.api_key()
@@ -202,7 +202,7 @@ def _check_control_plane(report: Report, backend: Any) -> None:
         report.add(Check("base URL", False, str(exc), "fix CREATEOS_SANDBOX_BASE_URL"))
         return
     try:
-        endpoint = runtime.endpoints.get()
+        endpoint = connection.endpoints.get()
         who = endpoint.client.whoami()  # type: ignore[attr-defined]
         stats = who.get("stats") or {}
         report.add(
@@ -218,16 +218,16 @@ def _check_control_plane(report: Report, backend: Any) -> None:
             Check(
                 "control plane",
                 False,
-                runtime.describe(exc),
+                failures.describe(exc),
                 "check CREATEOS_SANDBOX_BASE_URL, the network and the key",
             )
         )
         return
-    _check_isolation(report, runtime.plane_isolation(who))
+    _check_isolation(report, connection.plane_isolation(who))
     if backend is None:
         return
     try:
-        shape = runtime.pick_shape(runtime.catalog(endpoint), backend.memory_mb, backend.shape)
+        shape = shape_catalog.pick_shape(shape_catalog.catalog(endpoint), backend.memory_mb, backend.shape)
         report.add(
             Check(
                 "backend shape",

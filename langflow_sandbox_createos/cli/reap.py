@@ -115,17 +115,17 @@ def _progress(done: int, total: int, stream: Any) -> None:
 
 
 def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
-    from langflow_sandbox_createos.core import runtime
+    from langflow_sandbox_createos.core import connection, failures
 
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     try:
-        endpoint = runtime.endpoints.get()
+        endpoint = connection.endpoints.get()
         rows = endpoint.client.list()  # type: ignore[attr-defined]
         if args.idle is not None:  # a list row may leave out paused_at: ask for the full view
             rows = [_with_pause_time(endpoint.client, row) for row in rows]
     except Exception as exc:
-        print(f"reap: {runtime.describe(exc) if not isinstance(exc, SettingsError) else exc}", file=err)
+        print(f"reap: {failures.describe(exc) if not isinstance(exc, SettingsError) else exc}", file=err)
         return 2
 
     def pick(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
@@ -169,7 +169,7 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
             endpoint.client.delete(row["id"])  # type: ignore[attr-defined]
             deleted += 1
         except Exception as exc:
-            failed.append((row["id"], runtime.describe(exc)))
+            failed.append((row["id"], failures.describe(exc)))
         _progress(index, len(leftovers), err)
     if leftovers:
         err.write("\n")
@@ -181,7 +181,7 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
         if args.idle is not None:
             rows = [_with_pause_time(endpoint.client, row) for row in rows]
     except Exception as exc:
-        print(f"Could not list the guests again to check: {runtime.describe(exc)}", file=out)
+        print(f"Could not list the guests again to check: {failures.describe(exc)}", file=out)
         return 1
     left, _ = pick(rows)
     going = sum(1 for row in left if row.get("status") == "destroying")

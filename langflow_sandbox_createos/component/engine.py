@@ -33,7 +33,18 @@ from typing import Any, Literal, TypeVar
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos.component import artifacts
-from langflow_sandbox_createos.core import admission, clock, program_clock, runtime, settings
+from langflow_sandbox_createos.core import (
+    admission,
+    clock,
+    connection,
+    failures,
+    guest_spec,
+    network,
+    program_clock,
+    settings,
+    shape_catalog,
+)
+from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import DEFAULT_COMPONENT_SHAPE, SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos.component")
@@ -135,7 +146,7 @@ _ANONYMOUS_SESSION_PREFIX = "anon::"
 # Allow Network off is the deny-all rule, which CreateOS applies after accepting the link-local
 # range: the component runs (as the product page says) and says so in every such run's Results.
 NETWORK_OFF_NOTICE = (
-    f"Allow Network is off: the guest's egress is denied, except {runtime.LINK_LOCAL} (the link-local "
+    f"Allow Network is off: the guest's egress is denied, except {network.LINK_LOCAL} (the link-local "
     "range that carries the VM metadata service), which CreateOS accepts before the deny-all rule."
 )
 NO_OWNER_NOTICE = (
@@ -369,7 +380,7 @@ def reuse_name(flow_id: str, component_id: str, egress: tuple[str, ...], owner: 
     """The guest's name for (flow, component, owner, network policy): 22 characters, `lf-c-`
     prefix. The parts are hashed as one JSON list, so no choice of a session id (which the
     caller picks) can make its parts read as another owner's."""
-    return runtime.stable_name(NAME_PREFIX, json.dumps([flow_id, component_id, list(owner), list(egress)]))
+    return guest_spec.stable_name(NAME_PREFIX, json.dumps([flow_id, component_id, list(owner), list(egress)]))
 
 
 def idle_seconds(record: dict[str, Any], now: float | None = None) -> float | None:
@@ -480,7 +491,7 @@ def _wait_running(client: Any, native: Any, sandbox_id: str, deadline: float) ->
 
 def _check_drift(record: dict[str, Any], wanted: tuple[str, ...], allow_network: bool) -> None:
     live = record.get("egress")
-    if not runtime.egress_matches(live, wanted):
+    if not network.egress_matches(live, wanted):
         raise SandboxUnavailableError(
             f"Refusing to reuse guest {record.get('id')} ({record.get('name')}): its egress rules are "
             f"{list(live or ['*'])}, but Allow Network {'on' if allow_network else 'off'} needs "
@@ -614,7 +625,7 @@ class _Sweeper:
                     guest_ids.forget(name, str(record["id"]))
                     deleted.append(str(record["id"]))
         except native.CreateOSError as exc:
-            logger.warning("sweeping idle reused guests failed: %s", runtime.describe(exc))
+            logger.warning("sweeping idle reused guests failed: %s", failures.describe(exc))
         return deleted
 
 
@@ -681,7 +692,7 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
         program = ["/bin/sh", "-c", req.program]
     arrives = ""
     if source:
-        if json_safe and len(data) <= runtime.STDIN_PROGRAM_MAX_BYTES:
+        if json_safe and len(data) <= guest_spec.STDIN_PROGRAM_MAX_BYTES:
             stdin = req.program  # written to `source` by the wrapper: one round trip fewer
             arrives = "stdin"
         else:
@@ -755,7 +766,7 @@ def _collect(
         outcome.artifacts_truncated = True
         outcome.artifacts_message = (
             f"The files could not be brought back (limit {artifacts.MAX_ARCHIVE_BYTES} bytes compressed): "
-            f"{runtime.describe(exc)}"
+            f"{failures.describe(exc)}"
         )
         return
     extraction = artifacts.extract(blob)
@@ -866,7 +877,7 @@ def _run_fresh(
     note: Callable[[str], None],
 ) -> RunOutcome:
     program = build_program(req, lock=False)
-    spec = {**spec, "name": runtime.random_name(NAME_PREFIX)}
+    spec = {**spec, "name": guest_spec.random_name(NAME_PREFIX)}
     if not req.collect:
         phase.action = "run the program on a new guest"
         note("Running on a new guest…")
@@ -883,19 +894,19 @@ def _run_fresh(
                 delete="wait",
             )
         except native.CreateOSError as exc:
-            runtime.reap_lost_create(client, spec["name"], exc)
+            failures.reap_lost_create(client, spec["name"], exc)
             raise
         finally:
             # a delete that failed is retried by the native client in the background: log the
             # outcomes finished so far (the rest: the next run, or process exit)
-            runtime.log_delete_outcomes(client, 0.0, logger)
+            failures.log_delete_outcomes(client, 0.0, logger)
         return _outcome(result, req, result.sandbox_id, False)
     phase.action = "create a guest"
     note("Creating a guest…")
     try:
         sandbox_id = str(client.create(spec)["id"])
     except native.CreateOSError as exc:
-        runtime.reap_lost_create(client, spec["name"], exc)
+        failures.reap_lost_create(client, spec["name"], exc)
         raise
     try:
         phase.action = f"run the program on guest {sandbox_id}"
@@ -909,7 +920,7 @@ def _run_fresh(
         try:
             client.delete(sandbox_id)
         except native.CreateOSError as exc:  # auto-pause still bounds its cost
-            logger.warning("could not delete guest %s: %s", sandbox_id, runtime.describe(exc))
+            logger.warning("could not delete guest %s: %s", sandbox_id, failures.describe(exc))
 
 
 def run(
@@ -919,7 +930,7 @@ def run(
     (fail closed: a setting or the account must change) or SandboxExecutionError (transient);
     the program's own failure is an outcome with a non-zero exit code, not an exception."""
     note = note or (lambda _text: None)
-    refusal = runtime.nul_refusal(req.program, "Python Code" if req.mode == "python" else "Command")
+    refusal = guest_spec.nul_refusal(req.program, "Python Code" if req.mode == "python" else "Command")
     if refusal:
         raise ValueError(refusal)  # before any setting is read or guest exists
     try:
@@ -934,17 +945,17 @@ def run(
         notice = NO_OWNER_NOTICE
         req = replace(req, reuse=False)
     max_output = _max_output_bytes()  # every setting is judged before a guest exists
-    endpoint = runtime.endpoints.get()
-    native = runtime._native()
+    endpoint = connection.endpoints.get()
+    native = load_native()
     client = endpoint.client
-    shapes = runtime.catalog(endpoint)
+    shapes = shape_catalog.catalog(endpoint)
     if req.shape not in {shape_id for _, shape_id in shapes}:
         raise SandboxUnavailableError(
             f"Shape {req.shape!r} is not in the CreateOS shape catalog. "
             f"Available: {', '.join(s for _, s in shapes) or 'none'}. "
             "Set the Shape input or CREATEOS_SANDBOX_SHAPE to one of them."
         )
-    egress = runtime.egress_rules(req.allow_network)
+    egress = network.egress_rules(req.allow_network)
     phase = _Phase()
 
     def announce_wait(ahead: int, in_flight: int) -> None:
@@ -968,7 +979,7 @@ def run(
             outcome = _run_fresh(client, native, req, spec, max_output, on_output, phase, note)
             outcome.reuse_notice = notice
     except native.CreateOSError as exc:
-        raise runtime.to_lfx_error(exc, phase.action) from None
+        raise failures.to_lfx_error(exc, phase.action) from None
     finally:
         admission.component_line.leave()
     if not req.allow_network:
@@ -981,7 +992,7 @@ def _spec(req: RunRequest, rootfs: str, egress: tuple[str, ...], busy_seconds: i
         "shape": req.shape,
         "rootfs": rootfs,
         "egress": list(egress),
-        "auto_pause_after_seconds": runtime.auto_pause_seconds(busy_seconds),
+        "auto_pause_after_seconds": guest_spec.auto_pause_seconds(busy_seconds),
     }
     if req.reuse:
         spec["name"] = reuse_name(req.flow_id, req.component_id, egress, req.owner or ())

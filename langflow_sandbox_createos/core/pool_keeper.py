@@ -136,14 +136,14 @@ class _Keepers:
             keeper = self._by_endpoint.get((base_url, digest))
             if keeper is not None:
                 return keeper
-            from langflow_sandbox_createos.core import runtime, settings
+            from langflow_sandbox_createos.core import connection, settings
 
             try:
                 key = settings.api_key().value
                 control_timeout = float(settings.control_timeout())
             except Exception:  # a setting changed under us: the pool's own deletes still run
                 return None
-            if runtime.key_digest(key) != digest:
+            if connection.key_digest(key) != digest:
                 return None
             keeper = self._by_endpoint[(base_url, digest)] = Keeper(base_url, key, control_timeout)
             return keeper

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from langflow_sandbox_createos.core import pool_keeper, runtime
+from langflow_sandbox_createos.core import failures, pool_keeper
 
 logger = logging.getLogger("langflow_sandbox_createos.warm_pool")
 
@@ -344,7 +344,7 @@ class WarmPool:
                         self._warming.pop(sandbox_id, None)
         except Exception as exc:
             if sandbox_id is None:
-                runtime.reap_lost_create(pool.client, name, exc)
+                failures.reap_lost_create(pool.client, name, exc)
             else:
                 self._delete(pool.client, sandbox_id, None)
             with self._cond:

@@ -38,7 +38,7 @@ from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import admission, runtime, settings
+from langflow_sandbox_createos.core import admission, connection, settings
 from langflow_sandbox_createos.core.settings import ExecutorSettings, SettingsError
 from langflow_sandbox_createos.executor import bridge as executor_sandbox
 from langflow_sandbox_createos.executor import flows as executor_flows
@@ -105,7 +105,7 @@ class CreateOSExecutor(Executor):
             cfg = settings.executor_settings()
         except SettingsError as exc:
             raise SandboxUnavailableError(str(exc)) from None
-        endpoint = runtime.endpoints.get()
+        endpoint = connection.endpoints.get()
         spec["timeout"] = cfg.timeout_seconds
         spec["reply_dir"] = REPLY_DIR
         spec["sandbox"] = {
@@ -257,7 +257,7 @@ async def _reports(run: _Run, early: list[tuple[str, Any]]) -> AsyncIterator[tup
 
 
 async def _take_warm(
-    endpoint: runtime.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any]
+    endpoint: connection.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any]
 ) -> tuple[_Run | None, list[tuple[str, Any]]]:
     """A pooled guest that has accepted this run's spec, with what it reported while it
     waited; (None, []) when no guest is ready or the one taken turned out stale (it is then

@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from langflow_sandbox_createos.core import runtime, settings, warm_pool
+from langflow_sandbox_createos.core import connection, guest_spec, settings, warm_pool
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor.wire import runner_source
 
@@ -71,7 +71,7 @@ class ExecutorPoolKey(warm_pool.PoolKey):
         return float(self.idle_seconds)
 
 
-def pool_key(endpoint: runtime.Endpoint, cfg: ExecutorSettings, envs: dict[str, str]) -> ExecutorPoolKey:
+def pool_key(endpoint: connection.Endpoint, cfg: ExecutorSettings, envs: dict[str, str]) -> ExecutorPoolKey:
     digest = hashlib.blake2s(json.dumps(sorted(envs.items())).encode(), digest_size=16).hexdigest()
     base = warm_pool.PoolKey(
         base_url=endpoint.base_url,
@@ -80,7 +80,7 @@ def pool_key(endpoint: runtime.Endpoint, cfg: ExecutorSettings, envs: dict[str, 
         rootfs=cfg.rootfs,
         egress=tuple(cfg.egress),
         env_keys=warm_pool.env_keys(envs),
-        auto_pause_seconds=runtime.auto_pause_seconds(
+        auto_pause_seconds=guest_spec.auto_pause_seconds(
             cfg.timeout_seconds + cfg.warm_pool_idle_seconds + WAIT_MARGIN_SECONDS
         ),
     )
@@ -95,10 +95,10 @@ def pool_key(endpoint: runtime.Endpoint, cfg: ExecutorSettings, envs: dict[str, 
     )
 
 
-def _key_digest(endpoint: runtime.Endpoint) -> str:
+def _key_digest(endpoint: connection.Endpoint) -> str:
     """The API key as a digest (never the key): guests of one account are not another's."""
     del endpoint  # endpoints.get() parsed the same settings a moment ago
-    return runtime.key_digest(settings.api_key().value)
+    return connection.key_digest(settings.api_key().value)
 
 
 @functools.lru_cache(maxsize=1)
@@ -163,11 +163,13 @@ def pool() -> warm_pool.WarmPool:
     global _pool
     with _lock:
         if _pool is None:
-            _pool = warm_pool.WarmPool(random_name=runtime.random_name, prefix=NAME_PREFIX, warmer=_Warmer())
+            _pool = warm_pool.WarmPool(
+                random_name=guest_spec.random_name, prefix=NAME_PREFIX, warmer=_Warmer()
+            )
         return _pool
 
 
-def take(endpoint: runtime.Endpoint, cfg: ExecutorSettings, envs: dict[str, str]) -> tuple[Any, Any]:
+def take(endpoint: connection.Endpoint, cfg: ExecutorSettings, envs: dict[str, str]) -> tuple[Any, Any]:
     """(a ready warm run, its key) or (None, key) when none is ready. No request."""
     key = pool_key(endpoint, cfg, envs)
     guest = pool().take_guest(key, endpoint.client, cfg.warm_pool)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import runtime
+from langflow_sandbox_createos.core import failures, guest_spec
+from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor import pool as executor_pool
 from langflow_sandbox_createos.executor.wire import (
@@ -185,22 +186,22 @@ class _Run:
     # -- guest lifecycle ----------------------------------------------------------------
     def _create_spec(self) -> dict[str, Any]:
         return {
-            "name": runtime.random_name(NAME_PREFIX),
+            "name": guest_spec.random_name(NAME_PREFIX),
             "shape": self.cfg.shape,
             "rootfs": self.cfg.rootfs,
             "egress": list(self.cfg.egress),
             "envs": _forwarded_env(self.cfg),
-            "auto_pause_after_seconds": runtime.auto_pause_seconds(self.cfg.timeout_seconds),
+            "auto_pause_after_seconds": guest_spec.auto_pause_seconds(self.cfg.timeout_seconds),
         }
 
     def _create_blocking(self) -> str:
-        native = runtime._native()
+        native = load_native()
         spec = self._create_spec()
         try:
             created = self.client.create(spec)
         except native.CreateOSError as exc:
-            runtime.reap_lost_create(self.client, spec["name"], exc)
-            raise runtime.to_lfx_error(exc, "create the executor guest") from None
+            failures.reap_lost_create(self.client, spec["name"], exc)
+            raise failures.to_lfx_error(exc, "create the executor guest") from None
         sandbox_id = created.get("id") if isinstance(created, dict) else None
         if not isinstance(sandbox_id, str):
             raise SandboxExecutionError(f"CreateOS: create answered without a sandbox id: {created!r}")
@@ -232,7 +233,7 @@ class _Run:
                 "CreateOS executor: could not delete guest %s (%s); auto-pause after %s s bounds it",
                 self.sandbox_id,
                 exc,
-                runtime.auto_pause_seconds(self.cfg.timeout_seconds),
+                guest_spec.auto_pause_seconds(self.cfg.timeout_seconds),
             )
 
     async def close(self) -> None:
@@ -321,7 +322,7 @@ class _Run:
         logger.debug("CreateOS executor: unframed guest stdout: %s", line[:500])
 
     def _exec_blocking(self, stdin: str) -> None:
-        native = runtime._native()
+        native = load_native()
         reader = FrameReader(
             key=bytes.fromhex(self.token),
             on_frame=lambda frame: self._push("frame", frame),
@@ -354,7 +355,7 @@ class _Run:
             reader.close()
             self._push("end", result)
         except native.CreateOSError as exc:
-            self._push("error", runtime.to_lfx_error(exc, "run the flow in the executor guest"))
+            self._push("error", failures.to_lfx_error(exc, "run the flow in the executor guest"))
         except BaseException as exc:  # never lose an exception on this thread
             self._push("error", exc)
 
@@ -368,13 +369,13 @@ class _Run:
         self.spec = spec
         body = json.dumps(self._wire_spec(), separators=(",", ":"), default=str).encode()
         data = spec_mac(bytes.fromhex(self.token), body).encode("ascii") + b"\n" + body
-        native = runtime._native()
+        native = load_native()
         try:
             await asyncio.to_thread(self.client.upload, self.sandbox_id, executor_pool.SPEC_PATH, data)
         except native.CreateOSError as exc:
             if getattr(exc, "status", None) in (404, 409):
                 return False
-            raise runtime.to_lfx_error(exc, "upload the run spec to the pooled executor guest") from None
+            raise failures.to_lfx_error(exc, "upload the run spec to the pooled executor guest") from None
         return True
 
     async def stage(self) -> str:
@@ -384,13 +385,13 @@ class _Run:
         stdin = json.dumps(document, separators=(",", ":"), default=str)
         if len(stdin) <= STDIN_SPEC_MAX_BYTES:
             return stdin
-        path = f"{SPEC_DIR}/{runtime.random_name('s')}.json"
+        path = f"{SPEC_DIR}/{guest_spec.random_name('s')}.json"
         data = json.dumps(spec, separators=(",", ":"), default=str).encode()
-        native = runtime._native()
+        native = load_native()
         try:
             await asyncio.to_thread(self.client.upload, self.sandbox_id, path, data)
         except native.CreateOSError as exc:
-            raise runtime.to_lfx_error(exc, "upload the run spec to the executor guest") from None
+            raise failures.to_lfx_error(exc, "upload the run spec to the executor guest") from None
         document = {"runner": runner_source(), "token": self.token, "spec_path": path}
         return json.dumps(document, separators=(",", ":"))
 
@@ -398,11 +399,11 @@ class _Run:
         """Answer a request the guest waits on (`reply-<n>`: a stored message's id; `sandbox-<n>`:
         a sandboxed node's result) with a file in its reply directory."""
         data = json.dumps(dict(answer), separators=(",", ":")).encode()
-        native = runtime._native()
+        native = load_native()
         try:
             await asyncio.to_thread(self.client.upload, self.sandbox_id, f"{REPLY_DIR}/{name}", data)
         except native.CreateOSError as exc:
-            raise runtime.to_lfx_error(exc, "answer a request of the executor guest") from None
+            raise failures.to_lfx_error(exc, "answer a request of the executor guest") from None
 
     def start_exec(self, stdin: str) -> None:
         threading.Thread(

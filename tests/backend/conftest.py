@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from langflow_sandbox_createos.backend.engine import CreateOSBackend, create_backend
-from langflow_sandbox_createos.core import runtime, settings
+from langflow_sandbox_createos.core import connection, settings
 
 # Every variable the backend reads, so a developer's shell cannot leak into a test.
 BACKEND_VARS = (
@@ -64,10 +64,10 @@ def backend(backend_env: Any) -> Iterator[CreateOSBackend]:
 @pytest.fixture
 def fresh_endpoints() -> Iterator[None]:
     """Forget the process-wide clients, whoami latches and shape catalogs, before and after."""
-    runtime.endpoints.clear()
+    connection.endpoints.clear()
     yield
     create_backend().shutdown()  # let queued deletes finish before their clients close
-    runtime.endpoints.clear()
+    connection.endpoints.clear()
 
 
 def sandbox_ids(cp: Any) -> set[str]:

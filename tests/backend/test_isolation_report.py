@@ -13,7 +13,7 @@ import pytest
 from lfx.utils.sandbox.base import SandboxUnavailableError
 
 from langflow_sandbox_createos.backend.engine import create_backend
-from langflow_sandbox_createos.core import runtime
+from langflow_sandbox_createos.core import connection
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def test_createos_local_is_reported_as_what_it_is_and_refused(unaccepted: Any) -
         assert unaccepted.live_sandboxes() == []  # refused before any guest
         reported = backend.capabilities().isolation
         assert reported.startswith("namespaces (") and "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION" in reported
-        assert runtime.endpoints.get().isolation == "namespaces"
+        assert connection.endpoints.get().isolation == "namespaces"
     finally:
         backend.shutdown()
 
@@ -60,13 +60,13 @@ def test_accepted_it_runs_and_reports_what_lfx_needs(backend_env: Any, fresh_end
     backend = create_backend()
     try:
         assert backend.run("print(6 * 7)").stdout.strip() == "42"
-        assert runtime.endpoints.get().isolation == "namespaces"  # known, and accepted
+        assert connection.endpoints.get().isolation == "namespaces"  # known, and accepted
         assert backend.capabilities().isolation == "hardware-virtualized"
     finally:
         backend.shutdown()
 
 
 def test_the_real_service_names_no_isolation_and_is_microvms() -> None:
-    assert runtime.plane_isolation({"user_id": "u"}) == "hardware-virtualized"
-    assert runtime.plane_isolation({"isolation": "namespaces"}) == "namespaces"
-    assert runtime.plane_isolation({"isolation": "name\x1b[31mspaces"}) == "name31mspaces"  # no escapes
+    assert connection.plane_isolation({"user_id": "u"}) == "hardware-virtualized"
+    assert connection.plane_isolation({"isolation": "namespaces"}) == "namespaces"
+    assert connection.plane_isolation({"isolation": "name\x1b[31mspaces"}) == "name31mspaces"  # no escapes

@@ -134,11 +134,11 @@ def test_a_process_that_dies_without_shutdown_leaves_no_pooled_guest(backend_env
         from langflow_sandbox_createos.core import pool_keeper
         from langflow_sandbox_createos.backend.engine import create_backend
         backend = create_backend()
-        from langflow_sandbox_createos.core import runtime
+        from langflow_sandbox_createos.core import connection
         backend.run("print(1)")
         assert backend._pool.wait_full(20)
         # the cold first run's guest is the run's, deleted in the background: let that finish
-        runtime.endpoints.get().client.drain_deletes(10.0)
+        connection.endpoints.get().client.drain_deletes(10.0)
         [keeper] = pool_keeper.keepers._by_endpoint.values()
         print(json.dumps({{"ids": sorted(backend._pool.ready_ids()), "keeper": keeper.pid}}), flush=True)
         if {how!r} == "os._exit":

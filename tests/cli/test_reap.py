@@ -11,12 +11,12 @@ from waiting import wait_status
 
 from langflow_sandbox_createos import cli
 from langflow_sandbox_createos._createos import Client
-from langflow_sandbox_createos.core import clock, runtime
+from langflow_sandbox_createos.core import clock, guest_spec
 
-BACKEND = runtime.random_name("lf-")
-REUSED = runtime.random_name("lf-c-")
-EXECUTOR = runtime.random_name("lf-x-")
-POOL = runtime.random_name("lf-w-")
+BACKEND = guest_spec.random_name("lf-")
+REUSED = guest_spec.random_name("lf-c-")
+EXECUTOR = guest_spec.random_name("lf-x-")
+POOL = guest_spec.random_name("lf-w-")
 NOT_OURS = ("lf-mine", "user-own-guest")
 
 

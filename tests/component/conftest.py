@@ -18,7 +18,7 @@ from lfx.graph.graph.base import Graph
 
 import langflow_sandbox_createos
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import runtime
+from langflow_sandbox_createos.core import connection
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 PACKAGE_DIR = Path(langflow_sandbox_createos.__file__).resolve().parent
@@ -70,7 +70,7 @@ def reuse_env(env: LocalControlPlane) -> Iterator[LocalControlPlane]:
 
 
 def client() -> Any:
-    return runtime.endpoints.get().client
+    return connection.endpoints.get().client
 
 
 @dataclass

@@ -15,7 +15,7 @@ from lfx.utils.sandbox.base import SandboxUnavailableError
 from waiting import wait_status
 
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import runtime
+from langflow_sandbox_createos.core import network
 from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
 from .conftest import USER_ID, client, run_flow
@@ -44,7 +44,7 @@ def test_three_runs_share_one_guest(component_cls: type, reuse_env: LocalControl
     assert len({r["sandbox_id"] for r in runs}) == 1
     assert [r["reused_guest"] for r in runs] == [False, True, True]
     name = sandbox_run.reuse_name(
-        "flow-test", "CreateOSSandbox-t0001", runtime.DENY_ALL, (f"user:{USER_ID}",)
+        "flow-test", "CreateOSSandbox-t0001", network.DENY_ALL, (f"user:{USER_ID}",)
     )
     assert name.startswith("lf-c-") and len(name) == 22
     [guest] = live_named(reuse_env, name)  # kept after the runs, not deleted
@@ -117,8 +117,8 @@ def test_allow_network_gives_a_different_guest(component_cls: type, reuse_env: L
     assert opened["sandbox_id"] != closed["sandbox_id"]
     assert opened["result"] == "1"  # a different machine, so a different filesystem
     assert closed_again["sandbox_id"] == closed["sandbox_id"] and closed_again["result"] == "2"
-    assert client().get_egress(closed["sandbox_id"]) == list(runtime.DENY_ALL)
-    assert runtime.egress_matches(client().get_egress(opened["sandbox_id"]), runtime.ALLOW_ALL)
+    assert client().get_egress(closed["sandbox_id"]) == list(network.DENY_ALL)
+    assert network.egress_matches(client().get_egress(opened["sandbox_id"]), network.ALLOW_ALL)
 
 
 def test_guest_whose_egress_drifted_is_refused(component_cls: type, reuse_env: LocalControlPlane) -> None:
@@ -210,7 +210,7 @@ def test_concurrent_runs_share_one_guest_and_keep_their_own_files(
         assert list(r.files["path"]) == [f"w{i}.txt"]
         assert r.results["result"] == str([f"w{i}.txt"])  # never saw another run's file
     name = sandbox_run.reuse_name(
-        "flow-test", "CreateOSSandbox-t0001", runtime.DENY_ALL, (f"user:{USER_ID}",)
+        "flow-test", "CreateOSSandbox-t0001", network.DENY_ALL, (f"user:{USER_ID}",)
     )
     assert len(live_named(reuse_env, name)) == 1
 

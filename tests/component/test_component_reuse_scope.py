@@ -12,7 +12,7 @@ import pytest
 from waiting import wait_status
 
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import runtime
+from langflow_sandbox_createos.core import network
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 from .conftest import REUSE_PREFIX, client, run_flow
@@ -80,7 +80,7 @@ def test_two_users_of_one_flow_get_their_own_guest_and_files(
     assert again["result"] == "visitor-alice"  # and Bob's is not in Alice's
     names = {sb["name"] for sb in scoped.live_sandboxes() if sb["name"].startswith(REUSE_PREFIX)}
     assert names == {
-        sandbox_run.reuse_name("flow-test", "CreateOSSandbox-t0001", runtime.DENY_ALL, (f"user:{u}",))
+        sandbox_run.reuse_name("flow-test", "CreateOSSandbox-t0001", network.DENY_ALL, (f"user:{u}",))
         for u in (ALICE, BOB)
     }
 
@@ -96,7 +96,7 @@ def test_session_mode_is_per_user_and_session(component_cls: type, scoped: Local
 
 
 def test_owner_parts_cannot_be_forged_through_the_session_id() -> None:
-    deny = runtime.DENY_ALL
+    deny = network.DENY_ALL
     name = sandbox_run.reuse_name("f", "c", deny, ("user:a", "session:b"))
     assert name != sandbox_run.reuse_name("f", "c", deny, ("user:a:session:b",))
     assert name != sandbox_run.reuse_name("f", "c", deny, ("user:a",))

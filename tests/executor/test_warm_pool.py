@@ -23,7 +23,7 @@ from lfx.execution.types import RunComplete, StepResult, Unit
 from lfx.schema.schema import InputValueRequest
 
 from langflow_sandbox_createos import cli
-from langflow_sandbox_createos.core import runtime, settings
+from langflow_sandbox_createos.core import connection, settings
 from langflow_sandbox_createos.executor import CreateOSExecutor
 from langflow_sandbox_createos.executor import pool as executor_pool
 from langflow_sandbox_createos.executor.wire import GuestStatus
@@ -46,7 +46,7 @@ def pooled(executor_env: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 def fill() -> list[str]:
     """Register this configuration's pool without a run and wait until it is full."""
-    endpoint = runtime.endpoints.get()
+    endpoint = connection.endpoints.get()
     cfg = settings.executor_settings()
     run, _ = executor_pool.take(endpoint, cfg, {})
     assert run is None  # nothing was warm yet
@@ -187,8 +187,8 @@ CHILD = textwrap.dedent(
     """
     import json, os, sys
     from langflow_sandbox_createos.executor import pool as executor_pool
-    from langflow_sandbox_createos.core import runtime, settings
-    executor_pool.take(runtime.endpoints.get(), settings.executor_settings(), {})
+    from langflow_sandbox_createos.core import connection, settings
+    executor_pool.take(connection.endpoints.get(), settings.executor_settings(), {})
     assert executor_pool.pool().wait_full(240), executor_pool.pool().stats()
     print(json.dumps(executor_pool.pool().ready_ids()), flush=True)
     if sys.argv[1] == "lost":  # the keeper dies too (a lost machine): the guests stay behind

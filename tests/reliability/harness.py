@@ -6,7 +6,7 @@ Why lanes: the fault API is per control plane and route-wide, so two cases may s
 plane only one after the other. Each lane owns a plane, and every setting the plugin reads
 goes through ``settings._env``, which the suites point at the calling lane's own mapping
 (a thread-local), so lanes run side by side in one process, on one shared
-``runtime.endpoints`` (one native client per lane URL, exactly as in production).
+``connection.endpoints`` (one native client per lane URL, exactly as in production).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from langflow_sandbox_createos.core import runtime, settings
+import langflow_sandbox_createos
+from langflow_sandbox_createos.core import connection, settings
 from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
@@ -38,7 +39,7 @@ KEY_WINDOW = 10
 COMPONENT_SHAPE = "s-2vcpu-4gb"
 USER_ID = "reliability-user"  # the Langflow user of the component's runs (Guest Reuse is per user)
 REUSE_OWNER = (f"user:{USER_ID}",)
-PACKAGE_DIR = Path(runtime.__file__).resolve().parent
+PACKAGE_DIR = Path(langflow_sandbox_createos.__file__).resolve().parent
 
 _SETTING_VARS = (
     "CREATEOS_SANDBOX_API_KEY",
@@ -202,8 +203,8 @@ class Lane:
         env.update(overrides)
         return {k: v for k, v in env.items() if v is not None}
 
-    def endpoint(self) -> runtime.Endpoint:
-        return runtime.endpoints.get()
+    def endpoint(self) -> connection.Endpoint:
+        return connection.endpoints.get()
 
     def ids(self) -> set[str]:
         return {row["id"] for row in self.plane.sandboxes()}
@@ -235,9 +236,9 @@ def start_planes(count: int, **kwargs: Any) -> list[LocalControlPlane]:
 
 def forget_endpoint(url: str) -> None:
     """Drop every cached client of one lane's URL (whoami latch and catalog with it)."""
-    with runtime.endpoints._lock:
-        doomed = [k for k, e in runtime.endpoints._by_key.items() if e.base_url == url]
-        endpoints = [runtime.endpoints._by_key.pop(k) for k in doomed]
+    with connection.endpoints._lock:
+        doomed = [k for k, e in connection.endpoints._by_key.items() if e.base_url == url]
+        endpoints = [connection.endpoints._by_key.pop(k) for k in doomed]
     for endpoint in endpoints:
         with contextlib.suppress(Exception):
             endpoint.client.close()  # type: ignore[attr-defined]
@@ -245,7 +246,7 @@ def forget_endpoint(url: str) -> None:
 
 def reset_preflight(url: str) -> None:
     """Make the next run on this lane ask whoami and the shape catalog again."""
-    for endpoint in runtime.endpoints.all():
+    for endpoint in connection.endpoints.all():
         if endpoint.base_url == url:
             endpoint.preflight_ok = False
             endpoint.shapes = None
@@ -326,7 +327,7 @@ class SurfaceDriver:
             out.timed_out = result.exit_code == -1
             out.details["stderr"] = result.stderr
         out.elapsed = time.monotonic() - started
-        out.reprs = [repr(backend), repr(out.value), *(repr(e) for e in runtime.endpoints.all())]
+        out.reprs = [repr(backend), repr(out.value), *(repr(e) for e in connection.endpoints.all())]
         return out
 
     # -- component ---------------------------------------------------------------------------------
@@ -370,7 +371,7 @@ class SurfaceDriver:
             out.timed_out = bool(payload.get("timed_out"))
             out.details = {**payload, "files": files}
         out.elapsed = time.monotonic() - started
-        out.reprs = [repr(component), repr(out.value), *(repr(e) for e in runtime.endpoints.all())]
+        out.reprs = [repr(component), repr(out.value), *(repr(e) for e in connection.endpoints.all())]
         with contextlib.suppress(Exception):
             out.reprs.append(repr(component.status))
         return out
@@ -404,7 +405,7 @@ class SurfaceDriver:
                 out.exit_code = 0
             out.details["items"] = len(items)
         out.elapsed = time.monotonic() - started
-        out.reprs = [repr(executor), *(repr(e) for e in runtime.endpoints.all())]
+        out.reprs = [repr(executor), *(repr(e) for e in connection.endpoints.all())]
         return out
 
 

@@ -20,7 +20,8 @@ import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import runtime, settings
+from langflow_sandbox_createos.core import settings
+from langflow_sandbox_createos.core.native import load_native
 
 from . import harness
 from .harness import API_KEY, driver, leaks_key
@@ -451,7 +452,7 @@ def test_key_that_could_inject_headers_is_refused_before_any_request(
 @pytest.mark.parametrize("kind", list(INJECTING_KEYS))
 def test_native_client_refuses_the_same_keys(kind: str, env: Any) -> None:
     """The last line of defence, for callers that bypass settings.py."""
-    native = runtime._native()
+    native = load_native()
     before = _v1_requests(env)
     with pytest.raises(native.ConfigError) as refused:
         native.Client(env.url, INJECTING_KEYS[kind])

@@ -38,7 +38,7 @@ from waiting import wait_status
 
 from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import runtime
+from langflow_sandbox_createos.core import connection, failures, network
 from langflow_sandbox_createos.executor import run as executor_module
 
 from . import harness, matrix
@@ -58,7 +58,7 @@ PY_FILES = (
     "import os\nos.makedirs('/workspace/artifacts', exist_ok=True)\n"
     "open('/workspace/artifacts/r.txt', 'w').write('r')\n" + PY_OK
 )
-# Over the 256 KiB stdin limit (runtime.STDIN_PROGRAM_MAX_BYTES), so the program goes up
+# Over the 256 KiB stdin limit (guest_spec.STDIN_PROGRAM_MAX_BYTES), so the program goes up
 # with PUT .../files: what the upload cases need, on the backend and the component alike.
 PAD = "_pad = '" + "x" * (300 * 1024) + "'\n"
 PY_BIG = PAD + PY_OK
@@ -86,7 +86,7 @@ def _component_id(case: Case) -> str:
 
 def _reuse_name(case: Case) -> str:
     return sandbox_run.reuse_name(
-        "noflow", _component_id(case), runtime.egress_rules(False), harness.REUSE_OWNER
+        "noflow", _component_id(case), network.egress_rules(False), harness.REUSE_OWNER
     )
 
 
@@ -168,9 +168,9 @@ def _settle(
         harness.drain_backend_deletes()
     elif exp.delete_fault and case.surface.startswith("component"):
         # what the next run or process exit does: log the native client's retried deletes
-        for endpoint in runtime.endpoints.all():
+        for endpoint in connection.endpoints.all():
             if endpoint.base_url == lane.plane.url:
-                runtime.log_delete_outcomes(endpoint.client, 2.0 * matrix.CONTROL_TIMEOUT + 2.0)
+                failures.log_delete_outcomes(endpoint.client, 2.0 * matrix.CONTROL_TIMEOUT + 2.0)
     keep = _reuse_name(case) if case.surface == "component-reuse" else None
     # deletes were drained above; the executor's delete thread may still wait on its call
     wait = matrix.CONTROL_TIMEOUT + 2.0 if exp.delete_fault else 10.0

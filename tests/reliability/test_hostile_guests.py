@@ -27,7 +27,7 @@ import pytest
 
 from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import runtime, settings
+from langflow_sandbox_createos.core import connection, settings
 
 from . import harness
 from .harness import API_KEY, driver
@@ -389,4 +389,4 @@ def test_api_key_never_reaches_the_executor_guest(env: Any) -> None:
 def test_the_key_is_where_it_must_be_and_nowhere_else(env: Any) -> None:
     """Sanity of the oracle: the needle is a real part of the key the client sends."""
     assert WINDOW in API_KEY and len(WINDOW) >= 20
-    assert runtime.endpoints.get().key_source == "CREATEOS_SANDBOX_API_KEY"
+    assert connection.endpoints.get().key_source == "CREATEOS_SANDBOX_API_KEY"

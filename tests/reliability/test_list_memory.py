@@ -1,6 +1,6 @@
 """Found by the 30-minute soak: the client's RSS grew ~7 MiB/min under faults.
 
-Cause: ``Client.list()`` (which ``runtime.reap_lost_create`` calls after every create whose
+Cause: ``Client.list()`` (which ``failures.reap_lost_create`` calls after every create whose
 answer was lost) gathered every row of the account before filtering by name, and terminal
 rows stay listed, so each call held memory proportional to every guest ever created; with
 several threads each glibc arena kept its own high-water mark, growing with the account.
@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 from native.heap import heap_in_use  # tests/ is on sys.path (rootdir without __init__.py)
 
-from langflow_sandbox_createos.core import runtime
+from langflow_sandbox_createos.core.native import load_native
 
 from . import harness
 
@@ -62,7 +62,7 @@ def plane() -> Iterator[Any]:
 
 @pytest.mark.timeout(300)
 def test_list_memory_does_not_grow_with_the_accounts_rows(plane: Any) -> None:
-    native = runtime._native()
+    native = load_native()
     client = native.Client(plane.url, plane.api_key)
     plane.set_faults({"rules": [{"route": "create", "status": 500, "probability": 0.3}]})
     looked_up: list[int] = []

@@ -47,7 +47,7 @@ from native.heap import heap_in_use  # tests/ is on sys.path (rootdir without __
 
 from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import runtime, settings
+from langflow_sandbox_createos.core import connection, network, settings
 from langflow_sandbox_createos.executor import run as executor_module
 from langflow_sandbox_createos.local import faults
 
@@ -75,7 +75,7 @@ RATE_ALPHA = 1e-4
 HEAP_FIXED_MIB = 1.0
 HEAP_PER_OP_KIB = 3.0
 # An lfx error is a result of the injected faults only when its message says a control-plane
-# call failed the way one of them fails it (runtime.describe's hints, spelled out here) or a
+# call failed the way one of them fails it (failures.describe's hints, spelled out here) or a
 # deadline such a failure leads to; any other error is a finding.
 FAULT_CAUSES = (
     "the CreateOS control plane failed; retry later",  # 500, 503, non-json (502), reflect-headers
@@ -393,7 +393,7 @@ def test_soak(soak_plane: Any) -> None:
         stats = plane.stats()
         # what lfx's shutdown and process exit do: finish and log the queued deletes
         harness.drain_backend_deletes()
-        runtime.log_pending_deletes(15.0)
+        connection.log_pending_deletes(15.0)
         deadline = time.monotonic() + 20
         while (
             any(sb["status"] == "destroying" for sb in plane.live_sandboxes()) and time.monotonic() < deadline
@@ -401,7 +401,7 @@ def test_soak(soak_plane: Any) -> None:
             time.sleep(0.2)
         reused = {
             sandbox_run.reuse_name(
-                "noflow", f"CreateOSSandbox-soak{i}", runtime.egress_rules(False), harness.REUSE_OWNER
+                "noflow", f"CreateOSSandbox-soak{i}", network.egress_rules(False), harness.REUSE_OWNER
             )
             for i in (0, 1)
         }

@@ -59,7 +59,7 @@ FILES = {
         "    GRACE = 1\n"
         "    def run(self) -> dict:\n"
         "        key = settings.api_key()\n"
-        "        runtime.key_digest(key)\n"
+        "        connection.key_digest(key)\n"
         '        return {"shape": "s", "rootfs": "r", "auto_pause_after_seconds": 5, "name": "n"}\n'
     ),
     "langflow_sandbox_createos/backend/pool.py": (

@@ -1,0 +1,130 @@
+"""The control plane as one value: the native client of one base URL and API key, with what is
+cached for it (preflight, shape catalog, the isolation its guests have) and the key's digest,
+computed once. One per process and endpoint; reset in a forked child.
+
+Importing this module is cheap and reads no settings.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from lfx.utils.sandbox.base import SandboxUnavailableError
+
+from langflow_sandbox_createos.core import failures, settings
+from langflow_sandbox_createos.core.native import load_native
+from langflow_sandbox_createos.core.settings import SettingsError
+
+logger = logging.getLogger("langflow_sandbox_createos")
+
+
+USER_AGENT = "langflow-sandbox-createos/0.3.0"
+
+
+# --- one client per process and endpoint --------------------------------------------------
+
+
+@dataclass
+class Endpoint:
+    """A native client plus what is cached per (base URL, key): preflight and shape catalog."""
+
+    client: object
+    base_url: str
+    key_source: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    preflight_ok: bool = False
+    shapes: tuple[tuple[int, str], ...] | None = None  # (mem_mib, id), ascending
+    # the isolation the control plane's guests have, from its whoami (None: not asked yet).
+    # CreateOS says nothing (microVMs); createos-local says "namespaces" (or "none").
+    isolation: str | None = None
+
+
+def plane_isolation(whoami: object) -> str:
+    """The isolation of a control plane's guests from its whoami answer: createos-local names
+    its own ("namespaces", "none"); CreateOS names none, and runs microVMs."""
+    stated = whoami.get("isolation") if isinstance(whoami, dict) else None
+    if isinstance(stated, str) and stated.strip():
+        return "".join(ch for ch in stated.strip()[:32] if ch.isalnum() or ch in "-_") or "unknown"
+    return "hardware-virtualized"
+
+
+def key_digest(key: str) -> str:
+    """The API key as a digest (never the key): what tells two accounts' endpoints and pools apart."""
+    return hashlib.blake2s(key.encode(), digest_size=16).hexdigest()
+
+
+class _Endpoints:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: dict[tuple[str, str, int], Endpoint] = {}
+
+    def get(self) -> Endpoint:
+        """The endpoint for the current settings. Raises SandboxUnavailableError on bad settings."""
+        try:
+            key = settings.api_key()
+            url = settings.base_url()
+            control_timeout = settings.control_timeout()
+        except SettingsError as exc:
+            raise SandboxUnavailableError(str(exc)) from None
+        digest = key_digest(key.value)
+        with self._lock:
+            endpoint = self._by_key.get((url, digest, control_timeout))
+            if endpoint is None:
+                native = load_native()
+                try:
+                    client = native.Client(
+                        url, key.value, user_agent=USER_AGENT, control_timeout=float(control_timeout)
+                    )
+                except native.CreateOSError as exc:
+                    raise failures.to_lfx_error(exc, "configure the CreateOS client") from None
+                endpoint = Endpoint(client=client, base_url=url, key_source=key.source)
+                self._by_key[(url, digest, control_timeout)] = endpoint
+            return endpoint
+
+    def all(self) -> list[Endpoint]:
+        with self._lock:
+            return list(self._by_key.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            endpoints = list(self._by_key.values())
+            self._by_key.clear()
+        for endpoint in endpoints:
+            try:
+                endpoint.client.close()  # type: ignore[attr-defined]
+            except Exception:  # closing is best effort at shutdown
+                logger.debug("closing the CreateOS client failed", exc_info=True)
+
+    def reset_after_fork(self) -> None:
+        # The parent's clients own its sockets and I/O threads: forget them, never close them.
+        self._lock = threading.Lock()
+        self._by_key = {}
+
+
+endpoints = _Endpoints()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=endpoints.reset_after_fork)
+
+
+def log_pending_deletes(timeout: float) -> None:
+    """Wait up to `timeout` for the background deletes of every client, logging each outcome.
+    Runs at process exit, so a delete that failed in the last run is still reported."""
+    deadline = time.monotonic() + timeout
+    for endpoint in endpoints.all():
+        try:
+            pending = endpoint.client.pending_deletes()  # type: ignore[attr-defined]
+        except Exception:  # a closed client has nothing to wait for
+            continue
+        failures.log_delete_outcomes(
+            endpoint.client, max(0.0, deadline - time.monotonic()) if pending else 0.0
+        )
+
+
+EXIT_DRAIN_SECONDS = 5.0
+atexit.register(log_pending_deletes, EXIT_DRAIN_SECONDS)

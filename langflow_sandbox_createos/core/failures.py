@@ -1,0 +1,146 @@
+"""The native client's errors as lfx's two error classes, and the guests whose create or delete
+did not go as planned (a create that may have landed, deletes still pending at exit)."""
+
+from __future__ import annotations
+
+import logging
+
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+
+from langflow_sandbox_createos.core.native import load_native
+
+logger = logging.getLogger("langflow_sandbox_createos")
+
+
+# --- errors ------------------------------------------------------------------------------
+
+_STATUS_HINTS = {
+    400: (
+        "the control plane rejected the request; check the shape and image settings "
+        "(CREATEOS_SANDBOX_SHAPE, CREATEOS_SANDBOX_ROOTFS; for the executor CREATEOS_EXECUTOR_SHAPE, "
+        "CREATEOS_EXECUTOR_ROOTFS) and the egress settings"
+    ),
+    401: "the API key was refused; check CREATEOS_SANDBOX_API_KEY (or CREATEOS_API_KEY)",
+    402: "the CreateOS account has no credit left; add credit to the account",
+    403: "the account is not allowed to do this (quota or permissions); check the account's limits",
+    404: "the sandbox or file does not exist (it may have been deleted)",
+    409: "the sandbox is not in a state that allows this (paused, or the name is taken)",
+    422: "the control plane rejected the request as invalid",
+    429: "the control plane is rate limiting this account; retry later",
+}
+
+
+# The native ProtocolError's code when an exec stream ended cleanly without its exit frame.
+NO_EXIT_FRAME = "no_exit_frame"
+
+
+def describe(exc: BaseException) -> str:
+    """A one-paragraph description of a native error with the fix, key-free."""
+    status = getattr(exc, "status", None)
+    native = load_native()
+    if getattr(exc, "code", None) == NO_EXIT_FRAME:
+        hint = (
+            "the exec stream ended without an exit status (the guest agent may have crashed, or "
+            "the network dropped the stream): the program's fate is unknown; retry the run"
+        )
+    elif status in _STATUS_HINTS:
+        hint = _STATUS_HINTS[status]
+    elif isinstance(status, int) and status >= 500:
+        hint = "the CreateOS control plane failed; retry later"
+    elif isinstance(exc, native.DeadlineError):
+        hint = "the control plane did not answer in time; check CREATEOS_SANDBOX_BASE_URL and the network"
+    elif isinstance(exc, native.ProtocolError):
+        hint = "the control plane answered with something that is not the CreateOS API; check CREATEOS_SANDBOX_BASE_URL"
+    elif isinstance(exc, native.ConfigError):
+        hint = "fix the setting named above"
+    elif status is None and isinstance(exc, native.TransientError):
+        hint = "the control plane could not be reached; check CREATEOS_SANDBOX_BASE_URL and the network"
+    else:
+        hint = ""
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after:
+        hint += f" (Retry-After: {retry_after:g} s)"
+    text = str(exc)
+    return f"{text} — {hint}" if hint else text
+
+
+def to_lfx_error(exc: BaseException, action: str) -> SandboxExecutionError:
+    """Map a native error onto lfx's classes: refusals and non-429 4xx fail closed as
+    SandboxUnavailableError; 429, 5xx, transport and protocol faults are SandboxExecutionError."""
+    native = load_native()
+    message = f"CreateOS: could not {action}: {describe(exc)}"
+    if isinstance(exc, native.UnavailableError):
+        return SandboxUnavailableError(message)
+    return SandboxExecutionError(message)
+
+
+# --- guests whose create or delete did not go as planned ------------------------------------
+
+
+def create_may_have_landed(exc: BaseException) -> bool:
+    """Whether a failed create may still have made its guest: its answer was lost (deadline,
+    reset, cut or garbled body) or was a 5xx from somewhere in between. A 4xx, 429 included,
+    is a definite refusal."""
+    if getattr(exc, "sandbox_id", None):
+        return False  # the caller knows the guest and deletes it
+    status = getattr(exc, "status", None)
+    return status is None or not 400 <= status < 500
+
+
+def reap_lost_create(client: object, name: str, exc: BaseException) -> None:
+    """After a create whose answer was lost, find the guest by its unique name and delete it,
+    so an answer cut in flight never orphans a VM. Best effort, logged, never raises."""
+    if not name or not create_may_have_landed(exc):
+        return
+    native = load_native()
+    try:
+        rows = client.list(prefix=name)  # type: ignore[attr-defined]
+    except native.CreateOSError as lookup:
+        logger.warning(
+            "CreateOS: a create failed without a usable answer and the guest named %s could not be "
+            "looked up (%s). If it exists, auto-pause bounds its cost; delete leftovers with "
+            "'createos-langflow reap --yes'.",
+            name,
+            describe(lookup),
+        )
+        return
+    for row in rows:
+        if row.get("name") != name or row.get("status") in ("destroyed", "failed"):
+            continue
+        try:
+            client.delete(row["id"])  # type: ignore[attr-defined]
+        except native.CreateOSError as failed:
+            logger.warning(
+                "CreateOS: could not delete guest %s (%s), created by a request whose answer was lost: "
+                "%s. Auto-pause bounds its cost; delete leftovers with 'createos-langflow reap --yes'.",
+                row.get("id"),
+                name,
+                describe(failed),
+            )
+        else:
+            logger.info(
+                "CreateOS: deleted guest %s (%s), created by a request whose answer was lost",
+                row.get("id"),
+                name,
+            )
+
+
+def log_delete_outcomes(client: object, timeout: float, log: logging.Logger = logger) -> None:
+    """Log the outcome of every background delete that finished (never the key): the
+    backend's deletes and those the native client retried for the component."""
+    try:
+        outcomes = client.drain_deletes(timeout)  # type: ignore[attr-defined]
+    except Exception:  # collecting outcomes must never fail a run
+        log.debug("drain_deletes failed", exc_info=True)
+        return
+    for sandbox_id, status, error in outcomes:
+        if error is None and (status is None or 200 <= status < 300 or status == 404):
+            log.debug("CreateOS: deleted guest %s (HTTP %s)", sandbox_id, status)
+        else:
+            log.warning(
+                "CreateOS: could not delete guest %s (HTTP %s): %s. Auto-pause bounds its cost; "
+                "delete leftovers with 'createos-langflow reap --yes'.",
+                sandbox_id,
+                status,
+                error or "unexpected status",
+            )
