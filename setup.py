@@ -28,6 +28,7 @@ versions add); csrc/common.h refuses older headers.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,15 @@ def static_libraries(prefix: str) -> tuple[list[str], list[str]]:
     )
 
 
+def package_version() -> str:
+    """The package's version, written once, in langflow_sandbox_createos/__init__.py."""
+    text = (Path(__file__).parent / "langflow_sandbox_createos" / "__init__.py").read_text(encoding="utf-8")
+    found = re.search(r'^__version__ = "([0-9A-Za-z.+-]+)"$', text, re.M)
+    if found is None:
+        raise SystemExit('setup.py: no __version__ = "..." line in langflow_sandbox_createos/__init__.py')
+    return found.group(1)
+
+
 def native_extension() -> Extension:
     here = Path(__file__).parent
     sources = sorted(str(p.relative_to(here)) for p in (here / "csrc").glob("*.c"))
@@ -115,7 +125,7 @@ def native_extension() -> Extension:
         libs = override[1].split() if override[1] is not None else pkg_config("--libs")
     extra_compile = ["-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", *cflags]
     extra_link = [*libs, "-lpthread"]
-    macros = [("_GNU_SOURCE", "1")]
+    macros = [("_GNU_SOURCE", "1"), ("COS_VERSION", f'"{package_version()}"')]
     if use_limited_api():
         macros.append(("Py_LIMITED_API", f"0x{LIMITED_API:08X}"))
     if os.environ.get("CREATEOS_DEBUG"):

@@ -312,7 +312,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kwds)
                 goto error;
             }
     } else {
-        snprintf(default_ua, sizeof default_ua, "langflow-sandbox-createos/0.3.0 libcurl/%s",
+        snprintf(default_ua, sizeof default_ua, "langflow-sandbox-createos/" COS_VERSION " libcurl/%s",
                  curl_version_info(CURLVERSION_NOW)->version);
         ua = default_ua;
     }

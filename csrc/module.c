@@ -8,7 +8,10 @@
 
 #include "ops.h"
 
-#define MODULE_VERSION "0.3.0"
+/* The package version, from langflow_sandbox_createos/__init__.py (setup.py defines it). */
+#ifndef COS_VERSION
+#error "COS_VERSION is not defined: build through setup.py"
+#endif
 
 /* libcurl's global init is process-wide by its own design; pthread_once makes
  * it happen once whatever the number of interpreters importing us. */
@@ -289,7 +292,7 @@ static int module_exec(PyObject *module)
     if ((st->clients = PyList_New(0)) == NULL)
         return -1;
     snprintf(jv, sizeof jv, "%s", jansson_version_str());
-    if (PyModule_AddStringConstant(module, "__version__", MODULE_VERSION) < 0 ||
+    if (PyModule_AddStringConstant(module, "__version__", COS_VERSION) < 0 ||
         PyModule_AddStringConstant(module, "curl_version",
                                    curl_version_info(CURLVERSION_NOW)->version) < 0 ||
         PyModule_AddStringConstant(module, "jansson_version", jv) < 0 ||

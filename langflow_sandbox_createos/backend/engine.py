@@ -31,6 +31,7 @@ from lfx.utils.sandbox.base import (
 
 from langflow_sandbox_createos.core import (
     admission,
+    budget,
     connection,
     failures,
     guest_spec,
@@ -55,7 +56,6 @@ KILLED_STATUS = 137
 
 # Past the guest's own clock, how long the host waits for the stream before giving up.
 # The guest's `timeout` is authoritative; this only bounds a wedged control plane.
-EXEC_GRACE_SECONDS = 15.0
 
 STDIN_PROGRAM_MAX_BYTES = guest_spec.STDIN_PROGRAM_MAX_BYTES  # programs up to this travel on stdin
 
@@ -139,14 +139,16 @@ class CreateOSBackend:
         shape = shape_catalog.pick_shape(shape_catalog.catalog(endpoint), config.memory_mb, config.shape)
 
         program = _Program.build(code, config.timeout_seconds)
-        create: dict[str, Any] = {
-            "shape": shape,
-            "rootfs": config.rootfs,
-            "name": guest_spec.random_name(NAME_PREFIX),
-            "egress": list(network.egress_rules(config.allow_network)),
-            "envs": guest_env,
-            "auto_pause_after_seconds": guest_spec.auto_pause_seconds(config.timeout_seconds),
-        }
+        spec = guest_spec.GuestSpec.of(
+            endpoint,
+            shape=shape,
+            rootfs=config.rootfs,
+            egress=network.egress_rules(config.allow_network),
+            auto_pause_seconds=guest_spec.auto_pause_seconds(config.timeout_seconds),
+            envs=guest_env,
+        )
+        create = spec.create_request(guest_spec.random_name(NAME_PREFIX))
+        time_budget = budget.backend(config.timeout_seconds)
         client: Any = endpoint.client
         native = load_native()
         started = time.monotonic()
@@ -154,13 +156,13 @@ class CreateOSBackend:
         run_kwargs: dict[str, Any] = {
             "files": program.files,
             "stdin": program.stdin,
-            "timeout": config.timeout_seconds + EXEC_GRACE_SECONDS,
+            "timeout": time_budget.exec_timeout(),
             "max_output_bytes": config.max_output_bytes,
             "delete": "background",
         }
         admission.backend_line.enter(config.max_guests, _announce_wait)
         try:
-            pool_key = _pool_key(endpoint, create) if config.warm_pool else None
+            pool_key = spec.env_at_exec() if config.warm_pool else None
             warm = self._pool.take(pool_key, client, config.warm_pool) if pool_key is not None else None
             if warm is not None:
                 # One round trip: the exec on a booted guest (deleted in the background after).
@@ -257,10 +259,8 @@ def _deny_all_acknowledged() -> bool:
 
 
 def _read_settings() -> BackendSettings:
-    try:
+    with failures.refusing_bad_settings():
         return settings.backend_settings()
-    except SettingsError as exc:
-        raise SandboxUnavailableError(str(exc)) from None
 
 
 def _guest_env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -278,24 +278,6 @@ def _guest_env(env: Mapping[str, str] | None) -> dict[str, str]:
             raise SandboxExecutionError(f"CreateOS: {refusal}")
         out[key] = text
     return out
-
-
-def _pool_key(endpoint: connection.Endpoint, create: Mapping[str, Any]) -> warm_pool.PoolKey:
-    """The warm-pool configuration of a run: endpoint and every policy the guest is created
-    with. Env keys are part of it, env values are not (they are passed at exec)."""
-    try:
-        key = settings.api_key().value
-    except SettingsError as exc:  # pragma: no cover - endpoints.get() already parsed it
-        raise SandboxUnavailableError(str(exc)) from None
-    return warm_pool.PoolKey(
-        base_url=endpoint.base_url,
-        key_digest=connection.key_digest(key),
-        shape=create["shape"],
-        rootfs=create["rootfs"],
-        egress=tuple(create["egress"]),
-        env_keys=warm_pool.env_keys(create["envs"]),
-        auto_pause_seconds=create["auto_pause_after_seconds"],
-    )
 
 
 HARDWARE = "hardware-virtualized"
@@ -453,7 +435,7 @@ def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
     ]
     if result.timed_out:
         notes.append(
-            f"[createos: no exit status within {config.timeout_seconds}s + {EXEC_GRACE_SECONDS:g}s grace; "
+            f"[createos: no exit status within {config.timeout_seconds}s + {budget.BACKEND_GRACE_SECONDS:g}s grace; "
             "output is what arrived before the deadline]"
         )
         exit_code = EXIT_CODE_TIMEOUT

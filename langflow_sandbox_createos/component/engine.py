@@ -35,6 +35,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableErro
 from langflow_sandbox_createos.component import artifacts
 from langflow_sandbox_createos.core import (
     admission,
+    budget,
     clock,
     connection,
     failures,
@@ -45,14 +46,13 @@ from langflow_sandbox_createos.core import (
     shape_catalog,
 )
 from langflow_sandbox_createos.core.native import load_native
-from langflow_sandbox_createos.core.settings import DEFAULT_COMPONENT_SHAPE, SettingsError
+from langflow_sandbox_createos.core.settings import DEFAULT_COMPONENT_SHAPE
 
 logger = logging.getLogger("langflow_sandbox_createos.component")
 
 NAME_PREFIX = "lf-c-"
 MAX_TIMEOUT_SECONDS = settings.MAX_TIMEOUT_SECONDS
 ARCHIVE_BUDGET_SECONDS = 30  # the archive step's own budget, outside the program's timeout
-EXEC_GRACE_SECONDS = 20  # network and process start on top of the guest-side budgets
 GUEST_READY_SECONDS = 120.0  # waiting for a reused guest to finish a transition or resume
 INLINE_COMMAND_MAX = 64 * 1024  # longer commands go up as a file (one argv string is capped)
 RUN_DIR_PREFIX = "/tmp/createos-run-"
@@ -641,10 +641,8 @@ class _Phase:
 
 
 def _max_output_bytes() -> int:
-    try:
+    with failures.refusing_bad_settings():
         return settings.max_output_bytes()
-    except SettingsError as exc:
-        raise SandboxUnavailableError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -718,7 +716,7 @@ def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
         arrives,
         *program,
     ]
-    exec_timeout = float(lock_wait + req.timeout + archive_budget + EXEC_GRACE_SECONDS)
+    exec_timeout = budget.component(lock_wait + req.timeout + archive_budget).exec_timeout()
     return _GuestProgram(run_dir, argv, files, stdin, exec_timeout)
 
 
@@ -933,12 +931,10 @@ def run(
     refusal = guest_spec.nul_refusal(req.program, "Python Code" if req.mode == "python" else "Command")
     if refusal:
         raise ValueError(refusal)  # before any setting is read or guest exists
-    try:
+    with failures.refusing_bad_settings():
         rootfs = settings.rootfs()
         idle_limit = settings.reuse_idle_seconds()
         max_guests = settings.sandbox_max_guests()
-    except SettingsError as exc:
-        raise SandboxUnavailableError(str(exc)) from None
     notice = ""
     if req.reuse and req.owner is None:
         # never a guest another identity could land on: this run gets its own, deleted after
@@ -969,13 +965,13 @@ def run(
     admission.component_line.enter(max_guests, announce_wait)
     try:
         if req.reuse:
-            budget = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
-            spec = _spec(req, rootfs, egress, budget)
+            busy = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
+            spec = _spec(endpoint, req, rootfs, egress, busy)
             outcome = _run_reused(
                 client, native, req, spec, egress, max_output, on_output, phase, note, idle_limit
             )
         else:
-            spec = _spec(req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
+            spec = _spec(endpoint, req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
             outcome = _run_fresh(client, native, req, spec, max_output, on_output, phase, note)
             outcome.reuse_notice = notice
     except native.CreateOSError as exc:
@@ -987,13 +983,16 @@ def run(
     return outcome
 
 
-def _spec(req: RunRequest, rootfs: str, egress: tuple[str, ...], busy_seconds: int) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "shape": req.shape,
-        "rootfs": rootfs,
-        "egress": list(egress),
-        "auto_pause_after_seconds": guest_spec.auto_pause_seconds(busy_seconds),
-    }
-    if req.reuse:
-        spec["name"] = reuse_name(req.flow_id, req.component_id, egress, req.owner or ())
-    return spec
+def _spec(
+    endpoint: connection.Endpoint, req: RunRequest, rootfs: str, egress: tuple[str, ...], busy_seconds: int
+) -> dict[str, Any]:
+    """The create request of this run's guest; a reused guest has a stable name."""
+    guest = guest_spec.GuestSpec.of(
+        endpoint,
+        shape=req.shape,
+        rootfs=rootfs,
+        egress=egress,
+        auto_pause_seconds=guest_spec.auto_pause_seconds(busy_seconds),
+    )
+    name = reuse_name(req.flow_id, req.component_id, egress, req.owner or ()) if req.reuse else None
+    return guest.create_request(name)

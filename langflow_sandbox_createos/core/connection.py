@@ -15,16 +15,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from lfx.utils.sandbox.base import SandboxUnavailableError
-
+from langflow_sandbox_createos import __version__
 from langflow_sandbox_createos.core import failures, settings
 from langflow_sandbox_createos.core.native import load_native
-from langflow_sandbox_createos.core.settings import SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos")
 
 
-USER_AGENT = "langflow-sandbox-createos/0.3.0"
+USER_AGENT = f"langflow-sandbox-createos/{__version__}"
 
 
 # --- one client per process and endpoint --------------------------------------------------
@@ -32,17 +30,26 @@ USER_AGENT = "langflow-sandbox-createos/0.3.0"
 
 @dataclass
 class Endpoint:
-    """A native client plus what is cached per (base URL, key): preflight and shape catalog."""
+    """The control plane as one value, read from the settings once and passed down: the native
+    client of one base URL and API key, the key's digest (what tells two accounts' guests and
+    pools apart), the control timeout, and what is cached per endpoint (preflight, shape
+    catalog, isolation). The key itself never shows in a repr."""
 
-    client: object
+    client: object = field(repr=False)
     base_url: str
-    key_source: str
+    key: settings.ApiKey = field(repr=False)
+    key_digest: str
+    control_timeout: float
     lock: threading.Lock = field(default_factory=threading.Lock)
     preflight_ok: bool = False
     shapes: tuple[tuple[int, str], ...] | None = None  # (mem_mib, id), ascending
     # the isolation the control plane's guests have, from its whoami (None: not asked yet).
     # CreateOS says nothing (microVMs); createos-local says "namespaces" (or "none").
     isolation: str | None = None
+
+    @property
+    def key_source(self) -> str:
+        return self.key.source
 
 
 def plane_isolation(whoami: object) -> str:
@@ -66,12 +73,10 @@ class _Endpoints:
 
     def get(self) -> Endpoint:
         """The endpoint for the current settings. Raises SandboxUnavailableError on bad settings."""
-        try:
+        with failures.refusing_bad_settings():
             key = settings.api_key()
             url = settings.base_url()
             control_timeout = settings.control_timeout()
-        except SettingsError as exc:
-            raise SandboxUnavailableError(str(exc)) from None
         digest = key_digest(key.value)
         with self._lock:
             endpoint = self._by_key.get((url, digest, control_timeout))
@@ -83,7 +88,13 @@ class _Endpoints:
                     )
                 except native.CreateOSError as exc:
                     raise failures.to_lfx_error(exc, "configure the CreateOS client") from None
-                endpoint = Endpoint(client=client, base_url=url, key_source=key.source)
+                endpoint = Endpoint(
+                    client=client,
+                    base_url=url,
+                    key=key,
+                    key_digest=digest,
+                    control_timeout=float(control_timeout),
+                )
                 self._by_key[(url, digest, control_timeout)] = endpoint
             return endpoint
 

@@ -3,11 +3,14 @@ did not go as planned (a create that may have landed, deletes still pending at e
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos.core.native import load_native
+from langflow_sandbox_createos.core.settings import SettingsError
 
 logger = logging.getLogger("langflow_sandbox_createos")
 
@@ -144,3 +147,13 @@ def log_delete_outcomes(client: object, timeout: float, log: logging.Logger = lo
                 status,
                 error or "unexpected status",
             )
+
+
+@contextlib.contextmanager
+def refusing_bad_settings() -> Iterator[None]:
+    """A malformed setting fails closed, before any guest exists: lfx's SandboxUnavailableError
+    with the setting's own message, which names the variable and the fix."""
+    try:
+        yield
+    except SettingsError as exc:
+        raise SandboxUnavailableError(str(exc)) from None

@@ -5,6 +5,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from langflow_sandbox_createos.core.connection import Endpoint
 
 logger = logging.getLogger("langflow_sandbox_createos")
 
@@ -52,3 +58,82 @@ def stable_name(prefix: str, *parts: str) -> str:
 def auto_pause_seconds(timeout_seconds: int) -> int:
     """Longer than one execution: the activity clock is touched only when an exec is accepted."""
     return min(86400, max(60, timeout_seconds + 120))
+
+
+# A pooled guest is handed out only while it is this much younger than its auto-pause budget.
+EXPIRY_MARGIN_SECONDS = 15.0
+
+
+@dataclass(frozen=True, repr=False)
+class GuestSpec:
+    """Everything a guest is created with, for all three surfaces, and the key of every warm
+    pool: guests made from equal specs are interchangeable.
+
+    The endpoint rides along: its base URL and the API key's digest take part in equality
+    (guests of one account are never another's), the key itself never does. ``envs`` is None
+    when the create request carries no env (the component); env values take part in equality
+    and never show in the repr. A pool whose guests get their env values at exec keys on
+    :meth:`env_at_exec` instead, which blanks the values."""
+
+    endpoint: Endpoint = field(compare=False)
+    shape: str
+    rootfs: str
+    egress: tuple[str, ...]
+    auto_pause_seconds: int
+    envs: tuple[tuple[str, str], ...] | None = None
+    base_url: str = field(init=False)
+    key_digest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base_url", self.endpoint.base_url)
+        object.__setattr__(self, "key_digest", self.endpoint.key_digest)
+
+    @classmethod
+    def of(
+        cls,
+        endpoint: Endpoint,
+        *,
+        shape: str,
+        rootfs: str,
+        egress: Iterable[str],
+        auto_pause_seconds: int,
+        envs: Mapping[str, str] | None = None,
+    ) -> GuestSpec:
+        return cls(
+            endpoint=endpoint,
+            shape=shape,
+            rootfs=rootfs,
+            egress=tuple(egress),
+            auto_pause_seconds=auto_pause_seconds,
+            envs=None if envs is None else tuple(sorted(envs.items())),
+        )
+
+    def env_at_exec(self) -> GuestSpec:
+        """The same spec with the env values blanked: they are passed at exec, not at create."""
+        return replace(self, envs=tuple((key, "") for key, _ in self.envs or ()))
+
+    def create_request(self, name: str | None = None) -> dict[str, Any]:
+        """The body of ``POST /v1/sandboxes`` (``name`` None: the control plane names it)."""
+        request: dict[str, Any] = {"shape": self.shape, "rootfs": self.rootfs}
+        if name is not None:
+            request["name"] = name
+        request["egress"] = list(self.egress)
+        if self.envs is not None:
+            request["envs"] = dict(self.envs)
+        request["auto_pause_after_seconds"] = self.auto_pause_seconds
+        return request
+
+    def lifetime_seconds(self) -> float:
+        """How long after its create request a pooled guest may still be handed out."""
+        return self.auto_pause_seconds - EXPIRY_MARGIN_SECONDS
+
+    def idle_window_seconds(self) -> float:
+        """A pool unused for this long stops replacing the guests that expire."""
+        return float(self.auto_pause_seconds)
+
+    def __repr__(self) -> str:
+        env_keys = [key for key, _ in self.envs or ()]
+        return (
+            f"{type(self).__name__}({self.base_url}, shape={self.shape}, rootfs={self.rootfs}, "
+            f"egress={list(self.egress)}, env_keys={env_keys}, auto_pause={self.auto_pause_seconds}s)"
+        )

@@ -27,7 +27,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from langflow_sandbox_createos.core.connection import Endpoint
 
 logger = logging.getLogger("langflow_sandbox_createos.pool_keeper")
 
@@ -129,23 +132,14 @@ class _Keepers:
         self._lock = threading.Lock()
         self._by_endpoint: dict[tuple[str, str], Keeper] = {}
 
-    def for_endpoint(self, base_url: str, digest: str) -> Keeper | None:
-        """The keeper for this endpoint, started on first use. None when the current settings
-        no longer hold the key the pool's guests were created with (nothing to start it with)."""
+    def for_endpoint(self, endpoint: Endpoint) -> Keeper:
+        """The keeper for this endpoint (base URL and key digest), started on first use with the
+        endpoint's own key and control timeout."""
         with self._lock:
-            keeper = self._by_endpoint.get((base_url, digest))
-            if keeper is not None:
-                return keeper
-            from langflow_sandbox_createos.core import connection, settings
-
-            try:
-                key = settings.api_key().value
-                control_timeout = float(settings.control_timeout())
-            except Exception:  # a setting changed under us: the pool's own deletes still run
-                return None
-            if connection.key_digest(key) != digest:
-                return None
-            keeper = self._by_endpoint[(base_url, digest)] = Keeper(base_url, key, control_timeout)
+            keeper = self._by_endpoint.get((endpoint.base_url, endpoint.key_digest))
+            if keeper is None:
+                keeper = Keeper(endpoint.base_url, endpoint.key.value, endpoint.control_timeout)
+                self._by_endpoint[(endpoint.base_url, endpoint.key_digest)] = keeper
             return keeper
 
     def close_all(self) -> None:

@@ -1,8 +1,10 @@
-"""Warm pool for the sandbox backend: guests created ahead of need, one execution each.
+"""The warm pool the backend and the executor share: guests created ahead of need, one run each.
 
-Opt-in with ``CREATEOS_SANDBOX_WARM_POOL=N`` (0..64, default 0). For every configuration a
-run asks for (endpoint, shape, rootfs, egress rules, declared env keys, auto-pause budget) the
-pool keeps N guests booted and idle. A run takes one, execs on it and deletes it in the
+Opt-in with ``CREATEOS_SANDBOX_WARM_POOL=N`` for the backend (0..64, default 0) and
+``CREATEOS_EXECUTOR_WARM_POOL=N`` for the executor (``executor/pool.py`` adds a warmer that
+starts the guest runner). For every configuration a run asks for (a :class:`GuestSpec`:
+endpoint, shape, rootfs, egress rules, env, auto-pause budget) the pool keeps N guests booted
+and idle. A run takes one, execs on it and deletes it in the
 background, so one VM still serves exactly one execution, and the critical path shrinks from
 create + exec to the exec alone.
 
@@ -45,13 +47,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from langflow_sandbox_createos.core import failures, pool_keeper
+from langflow_sandbox_createos.core.guest_spec import GuestSpec
 
 logger = logging.getLogger("langflow_sandbox_createos.warm_pool")
 
 NAME_PREFIX = "lf-w-"
 MAX_WORKERS = 4
 # A guest is handed out only while it is this much younger than its auto-pause budget.
-EXPIRY_MARGIN_SECONDS = 15.0
 # Refill back-off after a failed create: doubles per failure, capped.
 BACKOFF_FIRST_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
@@ -67,7 +69,7 @@ class Warmer(Protocol):
     """Prepares a freshly created guest before it is handed out, and owns what that leaves
     open (a running exec, for the executor)."""
 
-    def warm(self, client: Any, sandbox_id: str, key: PoolKey) -> Any:
+    def warm(self, client: Any, sandbox_id: str, key: GuestSpec) -> Any:
         """Blocking; returns the handle kept with the guest. Raises when the guest is unusable."""
 
     def usable(self, handle: Any) -> bool:
@@ -75,44 +77,6 @@ class Warmer(Protocol):
 
     def discard(self, handle: Any) -> None:
         """The guest is about to be deleted unused: release the handle's resources."""
-
-
-@dataclass(frozen=True)
-class PoolKey:
-    """Everything that makes two guests interchangeable. The endpoint is the base URL plus a
-    digest of the API key (never the key itself)."""
-
-    base_url: str
-    key_digest: str
-    shape: str
-    rootfs: str
-    egress: tuple[str, ...]
-    env_keys: tuple[str, ...]
-    auto_pause_seconds: int
-
-    def create_spec(self, name: str) -> dict[str, Any]:
-        return {
-            "shape": self.shape,
-            "rootfs": self.rootfs,
-            "name": name,
-            "egress": list(self.egress),
-            "envs": {key: "" for key in self.env_keys},
-            "auto_pause_after_seconds": self.auto_pause_seconds,
-        }
-
-    def lifetime_seconds(self) -> float:
-        """How long after its create request a guest may still be handed out."""
-        return self.auto_pause_seconds - EXPIRY_MARGIN_SECONDS
-
-    def idle_window_seconds(self) -> float:
-        """A pool unused for this long stops replacing the guests that expire."""
-        return float(self.auto_pause_seconds)
-
-    def __repr__(self) -> str:
-        return (
-            f"PoolKey({self.base_url}, shape={self.shape}, rootfs={self.rootfs}, egress={list(self.egress)}, "
-            f"env_keys={list(self.env_keys)}, auto_pause={self.auto_pause_seconds}s)"
-        )
 
 
 @dataclass
@@ -124,7 +88,7 @@ class _Guest:
 
 @dataclass
 class _Pool:
-    key: PoolKey
+    key: GuestSpec
     client: Any
     target: int
     ready: deque[_Guest] = field(default_factory=deque)
@@ -162,7 +126,7 @@ class WarmPool:
 
     def _init_state(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._pools: dict[PoolKey, _Pool] = {}
+        self._pools: dict[GuestSpec, _Pool] = {}
         self._to_delete: deque[tuple[Any, str, Any]] = deque()  # (client, sandbox id, handle)
         self._workers: list[threading.Thread] = []
         self._warming: dict[str, Any] = {}  # sandbox id -> client, while its warmer runs
@@ -180,14 +144,14 @@ class WarmPool:
 
     # --- the run's side ----------------------------------------------------------------------
 
-    def take(self, key: PoolKey, client: Any, target: int) -> str | None:
+    def take(self, key: GuestSpec, client: Any, target: int) -> str | None:
         """A ready guest's id for ``key``, or None when none is ready (the caller creates one).
 
         Also sets the pool's size to ``target`` and schedules the refill. No I/O."""
         guest = self.take_guest(key, client, target)
         return guest.sandbox_id if guest is not None else None
 
-    def take_guest(self, key: PoolKey, client: Any, target: int) -> _Guest | None:
+    def take_guest(self, key: GuestSpec, client: Any, target: int) -> _Guest | None:
         """Like :meth:`take`, with the warmer's handle. The caller owns the guest from here."""
         now = time.monotonic()
         with self._cond:
@@ -218,7 +182,7 @@ class WarmPool:
             _release_id(guest.sandbox_id)  # the run owns it now, and deletes it
         return guest
 
-    def note_stale(self, key: PoolKey, sandbox_id: str) -> None:
+    def note_stale(self, key: GuestSpec, sandbox_id: str) -> None:
         """A guest taken from the pool was gone or paused (404/409 on its exec)."""
         with self._cond:
             self._counters["stale"] += 1
@@ -238,7 +202,7 @@ class WarmPool:
             out["workers"] = len(self._workers)
             return out
 
-    def ready_ids(self, key: PoolKey | None = None) -> list[str]:
+    def ready_ids(self, key: GuestSpec | None = None) -> list[str]:
         with self._cond:
             pools = [self._pools[key]] if key is not None and key in self._pools else []
             if key is None:
@@ -331,7 +295,7 @@ class WarmPool:
         sandbox_id = None
         handle = None
         try:
-            view = pool.client.create(key.create_spec(name))
+            view = pool.client.create(key.create_request(name))
             sandbox_id = view["id"]
             _hold(key, sandbox_id)
             if self._warmer is not None:
@@ -472,12 +436,11 @@ _held: dict[str, pool_keeper.Keeper] = {}
 _held_lock = threading.Lock()
 
 
-def _hold(key: PoolKey, sandbox_id: str) -> None:
-    keeper = pool_keeper.keepers.for_endpoint(key.base_url, key.key_digest)
-    if keeper is not None:
-        with _held_lock:
-            _held[sandbox_id] = keeper
-        keeper.hold(sandbox_id)
+def _hold(key: GuestSpec, sandbox_id: str) -> None:
+    keeper = pool_keeper.keepers.for_endpoint(key.endpoint)
+    with _held_lock:
+        _held[sandbox_id] = keeper
+    keeper.hold(sandbox_id)
 
 
 def _release_id(sandbox_id: str) -> None:

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
-from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+from lfx.utils.sandbox.base import SandboxExecutionError
 
-from langflow_sandbox_createos.core import admission, connection, settings
-from langflow_sandbox_createos.core.settings import ExecutorSettings, SettingsError
+from langflow_sandbox_createos.core import admission, connection, failures, settings
+from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor import bridge as executor_sandbox
 from langflow_sandbox_createos.executor import flows as executor_flows
 from langflow_sandbox_createos.executor import pool as executor_pool
@@ -101,10 +101,8 @@ class CreateOSExecutor(Executor):
                 len(secrets_inline),
                 ", ".join(secrets_inline),
             )
-        try:
+        with failures.refusing_bad_settings():
             cfg = settings.executor_settings()
-        except SettingsError as exc:
-            raise SandboxUnavailableError(str(exc)) from None
         endpoint = connection.endpoints.get()
         spec["timeout"] = cfg.timeout_seconds
         spec["reply_dir"] = REPLY_DIR
@@ -127,7 +125,7 @@ class CreateOSExecutor(Executor):
             if cfg.warm_pool and "install" not in spec:
                 run, early = await _take_warm(endpoint, cfg, spec)
             if run is None:
-                run = _Run(endpoint.client, cfg, spec)
+                run = _Run(endpoint, cfg, spec)
                 await run.create()
                 run.start_exec(await run.stage())
             replay.reply = run.reply

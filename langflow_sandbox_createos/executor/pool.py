@@ -24,22 +24,21 @@ module adds what a warm executor guest is:
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from langflow_sandbox_createos.core import connection, guest_spec, settings, warm_pool
+from langflow_sandbox_createos.core import connection, guest_spec, warm_pool
+from langflow_sandbox_createos.core.guest_spec import GuestSpec
 from langflow_sandbox_createos.core.settings import ExecutorSettings
+from langflow_sandbox_createos.executor.run import SPEC_PATH, _Run
 from langflow_sandbox_createos.executor.wire import runner_source
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
 NAME_PREFIX = "lf-xw-"
-# Where a pooled runner waits for its spec (the guest's private /tmp).
-SPEC_PATH = "/tmp/.createos-run/spec"
 # How long a warm-up may take (interpreter start plus lfx import on a loaded guest).
 WARM_TIMEOUT_SECONDS = 300.0
 # The runner waits this much longer than the host hands its guest out.
@@ -47,22 +46,15 @@ WAIT_MARGIN_SECONDS = 30
 POLL_SECONDS = 0.02
 
 
-@dataclass(frozen=True, repr=False)
-class ExecutorPoolKey(warm_pool.PoolKey):
-    """Everything that makes two executor guests interchangeable. The env values are part of
-    it only as a digest; the values themselves ride along uncompared."""
+@dataclass(frozen=True, repr=False, kw_only=True)
+class ExecutorPoolKey(GuestSpec):
+    """A guest spec (env values sent at create and compared, never shown) plus what an
+    executor runner is started with: two pooled guests with equal keys are interchangeable."""
 
-    env_digest: str
     timeout_seconds: int
     idle_seconds: int
     max_output_bytes: int
     cfg: ExecutorSettings = field(compare=False)
-    envs: tuple[tuple[str, str], ...] = field(compare=False)
-
-    def create_spec(self, name: str) -> dict[str, Any]:
-        spec = super().create_spec(name)
-        spec["envs"] = dict(self.envs)
-        return spec
 
     def lifetime_seconds(self) -> float:
         return float(self.idle_seconds)
@@ -72,33 +64,20 @@ class ExecutorPoolKey(warm_pool.PoolKey):
 
 
 def pool_key(endpoint: connection.Endpoint, cfg: ExecutorSettings, envs: dict[str, str]) -> ExecutorPoolKey:
-    digest = hashlib.blake2s(json.dumps(sorted(envs.items())).encode(), digest_size=16).hexdigest()
-    base = warm_pool.PoolKey(
-        base_url=endpoint.base_url,
-        key_digest=_key_digest(endpoint),
+    return ExecutorPoolKey(
+        endpoint=endpoint,
         shape=cfg.shape,
         rootfs=cfg.rootfs,
         egress=tuple(cfg.egress),
-        env_keys=warm_pool.env_keys(envs),
         auto_pause_seconds=guest_spec.auto_pause_seconds(
             cfg.timeout_seconds + cfg.warm_pool_idle_seconds + WAIT_MARGIN_SECONDS
         ),
-    )
-    return ExecutorPoolKey(
-        **{f: getattr(base, f) for f in base.__dataclass_fields__},
-        env_digest=digest,
+        envs=tuple(sorted(envs.items())),
         timeout_seconds=cfg.timeout_seconds,
         idle_seconds=cfg.warm_pool_idle_seconds,
         max_output_bytes=cfg.max_output_bytes,
         cfg=cfg,
-        envs=tuple(sorted(envs.items())),
     )
-
-
-def _key_digest(endpoint: connection.Endpoint) -> str:
-    """The API key as a digest (never the key): guests of one account are not another's."""
-    del endpoint  # endpoints.get() parsed the same settings a moment ago
-    return connection.key_digest(settings.api_key().value)
 
 
 @functools.lru_cache(maxsize=1)
@@ -120,14 +99,10 @@ def _warm_flow() -> dict[str, Any] | None:
 class _Warmer:
     """Starts a guest's runner and waits until it is ready for a spec (warm_pool.Warmer)."""
 
-    def warm(self, client: Any, sandbox_id: str, key: warm_pool.PoolKey) -> Any:
-        from langflow_sandbox_createos.executor.run import EXEC_GRACE_SECONDS, _Run
-
+    def warm(self, client: Any, sandbox_id: str, key: GuestSpec) -> Any:
         assert isinstance(key, ExecutorPoolKey)
-        run = _Run(client, key.cfg, None, pooled=True)
-        run.sandbox_id = sandbox_id
         wait = key.idle_seconds + WAIT_MARGIN_SECONDS
-        run.exec_timeout = wait + key.timeout_seconds + EXEC_GRACE_SECONDS
+        run = _Run(key.endpoint, key.cfg, None, pooled_guest=sandbox_id, waiting=wait)
         document = {
             "runner": runner_source(),
             "token": run.token,

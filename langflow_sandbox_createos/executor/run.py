@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import failures, guest_spec
+from langflow_sandbox_createos.core import budget, connection, failures, guest_spec
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import ExecutorSettings
-from langflow_sandbox_createos.executor import pool as executor_pool
 from langflow_sandbox_createos.executor.wire import (
     BOOTSTRAP,
     FrameReader,
@@ -36,8 +35,6 @@ logger = logging.getLogger("langflow_sandbox_createos.executor")
 
 NAME_PREFIX = "lf-x-"
 PYTHON = "python3"
-# Past the guest's own clock (the runner's watchdog), how long the host waits for the stream.
-EXEC_GRACE_SECONDS = 30.0
 # A run spec bigger than this is uploaded as a file (read and removed by the runner)
 # instead of travelling on stdin, whose size limit the API leaves undocumented.
 STDIN_SPEC_MAX_BYTES = 4 * 1024 * 1024
@@ -45,6 +42,8 @@ SPEC_DIR = "/workspace/.createos-run"
 # Where the host answers a stored message with its id in the host's memory (the guest's
 # private /tmp; the runner reads each answer once and removes it).
 REPLY_DIR = "/tmp/.createos-run"
+# Where a pooled runner waits for its spec (the guest's private /tmp).
+SPEC_PATH = "/tmp/.createos-run/spec"
 # How long a pooled runner may take to confirm it picked up the uploaded spec.
 ACCEPT_SECONDS = 30.0
 # How long closing the stream waits for the guest delete before returning anyway.
@@ -156,17 +155,22 @@ class _Run:
 
     def __init__(
         self,
-        client: Any,
+        endpoint: connection.Endpoint,
         cfg: ExecutorSettings,
         spec: dict[str, Any] | None,
         *,
-        pooled: bool = False,
+        pooled_guest: str | None = None,
+        waiting: float = 0.0,
     ) -> None:
-        self.client = client
+        """``pooled_guest``: the warm pool's guest this run's exec starts on, ahead of any run
+        (``waiting``: how long its runner may wait for a spec, on top of the run's budget)."""
+        pooled = pooled_guest is not None
+        self.endpoint = endpoint
+        self.client: Any = endpoint.client
         self.cfg = cfg
         self.spec = spec
         self.token = new_token()
-        self.sandbox_id: str | None = None
+        self.sandbox_id: str | None = pooled_guest
         # A pooled guest's exec starts before any run (and any event loop) owns it: until
         # attach(), what it reports is kept in `early` and `warm_state` says how far it got.
         self.loop: asyncio.AbstractEventLoop | None = None if pooled else asyncio.get_running_loop()
@@ -175,7 +179,7 @@ class _Run:
         self.warm_state = threading.Condition(threading.Lock())
         self.attached = not pooled
         self.pooled = pooled
-        self.exec_timeout = cfg.timeout_seconds + EXEC_GRACE_SECONDS
+        self.exec_timeout = budget.executor(cfg.timeout_seconds).exec_timeout(waiting)
         self._closed = threading.Event()
         self._delete_lock = threading.Lock()
         self._deleted = False
@@ -185,14 +189,15 @@ class _Run:
 
     # -- guest lifecycle ----------------------------------------------------------------
     def _create_spec(self) -> dict[str, Any]:
-        return {
-            "name": guest_spec.random_name(NAME_PREFIX),
-            "shape": self.cfg.shape,
-            "rootfs": self.cfg.rootfs,
-            "egress": list(self.cfg.egress),
-            "envs": _forwarded_env(self.cfg),
-            "auto_pause_after_seconds": guest_spec.auto_pause_seconds(self.cfg.timeout_seconds),
-        }
+        guest = guest_spec.GuestSpec.of(
+            self.endpoint,
+            shape=self.cfg.shape,
+            rootfs=self.cfg.rootfs,
+            egress=self.cfg.egress,
+            auto_pause_seconds=guest_spec.auto_pause_seconds(self.cfg.timeout_seconds),
+            envs=_forwarded_env(self.cfg),
+        )
+        return guest.create_request(guest_spec.random_name(NAME_PREFIX))
 
     def _create_blocking(self) -> str:
         native = load_native()
@@ -371,7 +376,7 @@ class _Run:
         data = spec_mac(bytes.fromhex(self.token), body).encode("ascii") + b"\n" + body
         native = load_native()
         try:
-            await asyncio.to_thread(self.client.upload, self.sandbox_id, executor_pool.SPEC_PATH, data)
+            await asyncio.to_thread(self.client.upload, self.sandbox_id, SPEC_PATH, data)
         except native.CreateOSError as exc:
             if getattr(exc, "status", None) in (404, 409):
                 return False

@@ -13,6 +13,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError, SandboxResult
 
 from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.backend.engine import CreateOSBackend
+from langflow_sandbox_createos.core import budget
 
 from .conftest import sandbox_ids, undeleted_guests
 
@@ -83,7 +84,7 @@ def test_client_deadline_keeps_streamed_output(
     # The guest clock (20 s) is set past the host's deadline (20 - 18 = 2 s), so the host
     # gives up first: the output streamed before then is kept, and the run reports -1.
     monkeypatch.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "20")
-    monkeypatch.setattr(backend_module, "EXEC_GRACE_SECONDS", -18.0)
+    monkeypatch.setattr(budget, "BACKEND_GRACE_SECONDS", -18.0)
     started = time.monotonic()
     result = backend.run("import sys, time\nprint('streamed', flush=True)\ntime.sleep(60)\n")
     assert time.monotonic() - started < 15

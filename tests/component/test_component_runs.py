@@ -13,6 +13,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableErro
 
 from langflow_sandbox_createos.component import artifacts
 from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
 from .conftest import all_ids, client, run_flow
@@ -236,7 +237,7 @@ def test_download_cap_backstop_and_hostile_archive(env: LocalControlPlane) -> No
     try:
         req = sandbox_run.RunRequest("x", "command", False, True, True, 5, "s", "f", "c")
         program = sandbox_run.build_program(req, lock=False)
-        native = sandbox_run.runtime._native()
+        native = load_native()
 
         c.upload(sandbox_id, program.archive_path, b"\0" * (artifacts.MAX_ARCHIVE_BYTES + 1))
         outcome = sandbox_run.RunOutcome("", "", 0, sandbox_id, False, 5)

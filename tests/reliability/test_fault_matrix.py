@@ -36,9 +36,8 @@ from typing import Any
 import pytest
 from waiting import wait_status
 
-from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import connection, failures, network
+from langflow_sandbox_createos.core import budget, connection, failures, network
 from langflow_sandbox_createos.executor import run as executor_module
 
 from . import harness, matrix
@@ -322,13 +321,13 @@ def _cost(case: Case) -> float:
 def _matrix_patches(phase: str) -> Iterator[None]:
     mp = pytest.MonkeyPatch()
     try:
-        mp.setattr(backend_module, "EXEC_GRACE_SECONDS", matrix.BACKEND_GRACE)
-        mp.setattr(sandbox_run, "EXEC_GRACE_SECONDS", matrix.COMPONENT_GRACE)
+        mp.setattr(budget, "BACKEND_GRACE_SECONDS", matrix.BACKEND_GRACE)
+        mp.setattr(budget, "COMPONENT_GRACE_SECONDS", matrix.COMPONENT_GRACE)
         mp.setattr(sandbox_run, "ARCHIVE_BUDGET_SECONDS", matrix.COMPONENT_ARCHIVE)
         mp.setattr(sandbox_run, "lock_wait_seconds", lambda timeout: matrix.COMPONENT_LOCK_WAIT)
         mp.setattr(sandbox_run, "PENDING_WAIT_SECONDS", matrix.COMPONENT_PENDING_WAIT)
         mp.setattr(sandbox_run, "GUEST_READY_SECONDS", matrix.COMPONENT_READY)
-        mp.setattr(executor_module, "EXEC_GRACE_SECONDS", matrix.EXECUTOR_GRACE)
+        mp.setattr(budget, "EXECUTOR_GRACE_SECONDS", matrix.EXECUTOR_GRACE)
         if phase == "spec-upload":
             # every executor run uploads its spec (normally only specs over 4 MiB do)
             mp.setattr(executor_module, "STDIN_SPEC_MAX_BYTES", 0)

@@ -25,9 +25,8 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import connection, settings
+from langflow_sandbox_createos.core import budget, connection, settings
 
 from . import harness
 from .harness import API_KEY, driver
@@ -145,7 +144,7 @@ def test_binary_output_that_is_not_utf8_is_replaced_not_raised(env: Any) -> None
 
 def test_closing_stdout_and_running_on_ends_at_the_timeout(env: Any, monkeypatch) -> None:
     monkeypatch.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "2")
-    monkeypatch.setattr(backend_module, "EXEC_GRACE_SECONDS", 3.0)
+    monkeypatch.setattr(budget, "BACKEND_GRACE_SECONDS", 3.0)
     code = "import os, time\nprint('before', flush=True)\nos.close(1)\nos.close(2)\ntime.sleep(120)\n"
     before = {sb["id"] for sb in env.sandboxes()}
     out = driver.backend(code)

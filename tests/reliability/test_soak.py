@@ -45,10 +45,8 @@ from typing import Any
 import pytest
 from native.heap import heap_in_use  # tests/ is on sys.path (rootdir without __init__.py)
 
-from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import connection, network, settings
-from langflow_sandbox_createos.executor import run as executor_module
+from langflow_sandbox_createos.core import budget, connection, network, settings
 from langflow_sandbox_createos.local import faults
 
 from . import harness
@@ -278,15 +276,15 @@ def soak_plane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     # short graces so that a hung exec costs seconds, not minutes
-    monkeypatch.setattr(backend_module, "EXEC_GRACE_SECONDS", 3.0)
-    monkeypatch.setattr(sandbox_run, "EXEC_GRACE_SECONDS", 3)
+    monkeypatch.setattr(budget, "BACKEND_GRACE_SECONDS", 3.0)
+    monkeypatch.setattr(budget, "COMPONENT_GRACE_SECONDS", 3)
     monkeypatch.setattr(sandbox_run, "ARCHIVE_BUDGET_SECONDS", 5)
     monkeypatch.setattr(sandbox_run, "lock_wait_seconds", lambda timeout: 10)
     # inside that 10 s: a run waits at most 1 s for the archive of the run before it (its
     # host may be the one a fault hit), so the run after it still gets its turn
     monkeypatch.setattr(sandbox_run, "PENDING_WAIT_SECONDS", 1)
     monkeypatch.setattr(sandbox_run, "GUEST_READY_SECONDS", 20.0)
-    monkeypatch.setattr(executor_module, "EXEC_GRACE_SECONDS", 5.0)
+    monkeypatch.setattr(budget, "EXECUTOR_GRACE_SECONDS", 5.0)
     try:
         yield plane
     finally:
