@@ -598,13 +598,25 @@ def spec_builders(modules: list[Module]) -> list[dict[str, Any]]:
         for qual, scope in _functions_with_parents(m.tree)
     ]
     for m, qual, scope in scoped:
+        keys: set[str] = set()
+        first_line = None
         for node in _own_nodes(scope):
-            if isinstance(node, ast.Dict) and _str_keys(node) >= SPEC_KEYS:
-                places.append(
-                    {**_place(m.rel, node.lineno, qual), "how": "dict with shape, rootfs, auto_pause"}
-                )
-                builder_names.add(qual.rsplit(".", 1)[-1])
-                break
+            found: set[str] = set()
+            if isinstance(node, ast.Dict):
+                found = _str_keys(node)
+            elif (  # request["auto_pause_after_seconds"] = ...: a dict filled key by key
+                isinstance(node, ast.Subscript)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.slice, ast.Constant)
+                and isinstance(node.slice.value, str)
+            ):
+                found = {node.slice.value}
+            if found & SPEC_KEYS:
+                keys |= found
+                first_line = first_line or node.lineno
+        if keys >= SPEC_KEYS and first_line is not None:
+            places.append({**_place(m.rel, first_line, qual), "how": "dict with shape, rootfs, auto_pause"})
+            builder_names.add(qual.rsplit(".", 1)[-1])
     for m, qual, scope in scoped:
         for node in _own_nodes(scope):
             if (
@@ -715,18 +727,26 @@ def api_key_places(modules: list[Module]) -> dict[str, list[dict[str, Any]]]:
 
 
 def project_version(root: Path) -> str | None:
+    """pyproject's [project] version; when it is dynamic, the package's ``__version__``."""
     pyproject = root / "pyproject.toml"
     if not pyproject.is_file():
         return None
+    init = root / PACKAGE / "__init__.py"
+    found = (
+        re.search(r'^__version__\s*=\s*"([^"]+)"', init.read_text(encoding="utf-8"), re.M)
+        if init.is_file()
+        else None
+    )
+    package_version = found.group(1) if found else None
     text = pyproject.read_text(encoding="utf-8")
     try:
         import tomllib
 
-        return tomllib.loads(text).get("project", {}).get("version")
+        return tomllib.loads(text).get("project", {}).get("version") or package_version
     except ImportError:  # Python 3.10
         section = re.search(r"^\[project\]\s*$(.*?)(^\[|\Z)", text, re.M | re.S)
         found = re.search(r'^version\s*=\s*"([^"]+)"', section.group(1), re.M) if section else None
-        return found.group(1) if found else None
+        return found.group(1) if found else package_version
 
 
 def version_places(root: Path) -> dict[str, Any]:
