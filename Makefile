@@ -94,16 +94,16 @@ native-oldlibs: $(STAMP)
 	  $(VPY) setup.py -q build_ext --inplace --force >/dev/null; exit $$rc
 
 # Side by side with the peer plugin 0.2.0 (its own venv, benchmarks/.peer-venv); ~10 min.
-# Then S8 in its short form (10 s cells): a real Langflow server from .venv-langflow under
-# 16 and 64 concurrent runs per surface (benchmarks/server_bench.py, docs/performance.md),
-# its table added to benchmarks/results/latest.md.
+# Then S8 in its short form (10 s cells; ~17 min on the loaded machine): a real Langflow
+# server from .venv-langflow under 16 and 64 concurrent runs per surface
+# (benchmarks/server_bench.py, docs/performance.md), its table added to results/latest.md.
 bench: $(STAMP) $(LANGFLOW_STAMP)
 	$(VPY) -m pip install -q --no-build-isolation -e '.[bench]'
 	$(VPY) benchmarks/run.py
 	VENV_LANGFLOW=$(VENV_LANGFLOW) $(VPY) benchmarks/server_bench.py
 
 # S8 alone, long form: S8_SECONDS (60) per cell, S8_CAPACITY_RUNS (16) cold runs for the bed's
-# capacity; about 25 min on the 2 shared cores. Results in benchmarks/results/s8.{json,md,png}.
+# capacity; about 35-40 min on the 2 shared cores. Results in benchmarks/results/s8.{json,md,png}.
 S8_SECONDS ?= 60
 S8_CAPACITY_RUNS ?= 16
 bench-server: $(STAMP) $(LANGFLOW_STAMP)
