@@ -15,7 +15,7 @@ FUZZ_SECONDS ?= 20
 comma := ,
 space := $(subst ,, )
 
-.PHONY: run langflow dist wheel-manylinux check-wheels bench-abi3 prove-wheels test test-fast sanitize fuzz native-oldlibs format-c bench soak lint format typecheck deps native clean
+.PHONY: run langflow dist wheel-manylinux check-wheels bench-abi3 bench-server prove-wheels test test-fast sanitize fuzz native-oldlibs format-c bench soak lint format typecheck deps native clean
 
 deps:
 	@scripts/install-system-deps.sh
@@ -94,9 +94,21 @@ native-oldlibs: $(STAMP)
 	  $(VPY) setup.py -q build_ext --inplace --force >/dev/null; exit $$rc
 
 # Side by side with the peer plugin 0.2.0 (its own venv, benchmarks/.peer-venv); ~10 min.
-bench: $(STAMP)
+# Then S8 in its short form (10 s cells; ~17 min on the loaded machine): a real Langflow
+# server from .venv-langflow under 16 and 64 concurrent runs per surface
+# (benchmarks/server_bench.py, docs/performance.md), its table added to results/latest.md.
+bench: $(STAMP) $(LANGFLOW_STAMP)
 	$(VPY) -m pip install -q --no-build-isolation -e '.[bench]'
 	$(VPY) benchmarks/run.py
+	VENV_LANGFLOW=$(VENV_LANGFLOW) $(VPY) benchmarks/server_bench.py
+
+# S8 alone, long form: S8_SECONDS (60) per cell, S8_CAPACITY_RUNS (16) cold runs for the bed's
+# capacity; about 35-40 min on the 2 shared cores. Results in benchmarks/results/s8.{json,md,png}.
+S8_SECONDS ?= 60
+S8_CAPACITY_RUNS ?= 16
+bench-server: $(STAMP) $(LANGFLOW_STAMP)
+	$(VPY) -m pip install -q --no-build-isolation -e '.[bench]'
+	VENV_LANGFLOW=$(VENV_LANGFLOW) $(VPY) benchmarks/server_bench.py --seconds $(S8_SECONDS) --capacity-runs $(S8_CAPACITY_RUNS)
 
 # S2 (client CPU per backend run) for the abi3 build and the version-specific build of the
 # same sources, interleaved on one createos-local: docs/performance.md. About 3 min.

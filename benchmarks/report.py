@@ -43,7 +43,7 @@ def _cell(stats: dict[str, Any], unit: str) -> str:
     return f"{_fmt(stats['median'], unit)} ({_fmt(stats['p10'], unit)} - {_fmt(stats['p90'], unit)}, n={stats['n']})"
 
 
-def render_markdown(doc: dict[str, Any], targets: Targets) -> str:
+def render_markdown(doc: dict[str, Any], targets: Targets, results_dir: Path | None = None) -> str:
     meta, results = doc["meta"], doc["results"]
     ours, peer = meta["ours"], meta["peer"]
     lines = [
@@ -134,6 +134,13 @@ def render_markdown(doc: dict[str, Any], targets: Targets) -> str:
                         f"{_fmt(lat['median'], 's')} ({_fmt(lat['p10'], 's')} - {_fmt(lat['p90'], 's')}); "
                         f"client CPU {d['cpu_per_run'] * 1000:.2f} ms/run"
                     )
+    if results_dir is not None:
+        # S8 (benchmarks/server_bench.py, run after this by make bench) keeps its block here
+        from server_bench import latest_section
+
+        section = latest_section(results_dir)
+        if section:
+            lines += ["", section]
     lines.append("")
     return "\n".join(lines)
 

@@ -642,7 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (raw / "latest.json").write_text(json.dumps(doc, indent=1))
     from report import render_markdown, render_plot  # benchmarks/report.py
 
-    (out / "latest.md").write_text(render_markdown(doc, TARGETS))
+    (out / "latest.md").write_text(render_markdown(doc, TARGETS, out))
     if not args.no_plot:
         render_plot(doc, TARGETS, out / "latest.png")
     log(f"done in {meta['duration_s']:.0f} s: {out / 'latest.md'}")
