@@ -36,37 +36,26 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
-from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+from lfx.utils.sandbox.base import SandboxExecutionError
 
 from langflow_sandbox_createos.core import admission, connection, settings
-from langflow_sandbox_createos.core.settings import ExecutorSettings, SettingsError
+from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor import bridge as executor_sandbox
-from langflow_sandbox_createos.executor import flows as executor_flows
 from langflow_sandbox_createos.executor import pool as executor_pool
 from langflow_sandbox_createos.executor.replay import HostReplay
-from langflow_sandbox_createos.executor.wire import (
-    GuestStatus,
-    SpecError,
-    build_spec,
-    decode_outputs,
-    decode_vertex,
-    inline_secrets,
-)
-
-if TYPE_CHECKING:
-    from lfx.execution.types import Unit
-
+from langflow_sandbox_createos.executor.results import GuestStatus, decode_outputs, decode_vertex
 from langflow_sandbox_createos.executor.run import (
     ACCEPT_SECONDS,
     ONCE,
-    REPLY_DIR,
     _failure,
     _forwarded_env,
-    _install_request,
     _Run,
     _version_text,
-    guest_knowledge,
 )
+from langflow_sandbox_createos.executor.spec import guest_knowledge, run_spec
+
+if TYPE_CHECKING:
+    from lfx.execution.types import Unit
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -81,39 +70,8 @@ class CreateOSExecutor(Executor):
         from lfx.graph.graph.constants import Finish
 
         options = dict(unit.runtime_options or {})
-        try:
-            spec, dropped = build_spec(unit.graph, list(unit.inputs or []), options)
-        except SpecError as exc:
-            raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
-        if dropped:
-            logger.debug("CreateOS executor: what stays on the host: %s", ", ".join(sorted(dropped)))
-        try:
-            spec["runtime"]["flows"] = await executor_flows.resolve(spec["graph"], spec.get("user_id"))
-        except executor_flows.FlowReferenceError as exc:
-            raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
+        spec, cfg, endpoint = await run_spec(unit.graph, list(unit.inputs or []), options)
         replay = HostReplay(options.get("event_manager"), unit.graph, spec)
-        secrets_inline = inline_secrets(spec["graph"])
-        if secrets_inline:
-            logger.info(
-                "CreateOS executor: %d secret field(s) hold inline values (%s); they reach the guest "
-                "inside the run spec (on stdin, or for a pooled guest in a file the runner removes "
-                "on reading). Prefer global variables forwarded with CREATEOS_EXECUTOR_ENV.",
-                len(secrets_inline),
-                ", ".join(secrets_inline),
-            )
-        try:
-            cfg = settings.executor_settings()
-        except SettingsError as exc:
-            raise SandboxUnavailableError(str(exc)) from None
-        endpoint = connection.endpoints.get()
-        spec["timeout"] = cfg.timeout_seconds
-        spec["reply_dir"] = REPLY_DIR
-        spec["sandbox"] = {
-            **executor_sandbox.guest_view(),
-            "component": executor_sandbox.holds_component(spec["graph"], spec["runtime"].get("flows")),
-        }
-        if cfg.install_lfx and not guest_knowledge.known_good(endpoint.base_url, cfg.rootfs):
-            spec["install"] = _install_request(cfg)
 
         run: _Run | None = None
         bridge: executor_sandbox.SandboxBridge | None = None

@@ -26,7 +26,7 @@ from langflow_sandbox_createos import cli
 from langflow_sandbox_createos.core import connection, settings
 from langflow_sandbox_createos.executor import CreateOSExecutor
 from langflow_sandbox_createos.executor import pool as executor_pool
-from langflow_sandbox_createos.executor.wire import GuestStatus
+from langflow_sandbox_createos.executor.results import GuestStatus
 from langflow_sandbox_createos.local.testing import NamespaceHost
 
 from .conftest import EXECUTOR_ROOTFS, chat_graph, drain, middle_graph
@@ -239,7 +239,7 @@ def test_interpreter_exit_deletes_and_reap_finds_a_crash(
 def test_host_and_runner_agree_on_the_spec_mac() -> None:
     from importlib import resources
 
-    from langflow_sandbox_createos.executor.wire import spec_mac
+    from langflow_sandbox_createos.executor.framing import spec_mac
 
     source = (
         resources.files("langflow_sandbox_createos.executor.guest").joinpath("runner.py").read_text("utf-8")
