@@ -32,7 +32,7 @@ REPLY_DIR = "/tmp/.createos-run"
 
 # Runtime options the guest understands, and the ones that cannot leave this process.
 # `session_id` crosses too, but as a top-level spec field; `event_manager` crosses as the
-# names of its registered events (the guest relays each event back, see RELAYED_FRAMES).
+# names of its registered events (the guest relays each event back, see replay.py).
 FORWARDED_OPTIONS = (
     "max_iterations",
     "config",
