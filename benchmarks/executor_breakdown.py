@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from langflow_sandbox_createos.core import connection, guest_spec, settings
 from langflow_sandbox_createos.executor.run import _Run
-from langflow_sandbox_createos.executor.wire import build_spec
+from langflow_sandbox_createos.executor.spec import build_spec
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 PHASES = ("hello", "ready", "graph", "vertex1", "outputs", "exit")

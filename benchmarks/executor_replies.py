@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor import run as executor
+from langflow_sandbox_createos.executor import spec as executor_spec
 from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chain", type=int, default=20)
     args = parser.parse_args()
-    shipped = executor.REPLY_DIR
+    shipped = executor_spec.REPLY_DIR
     times: dict[str, list[float]] = {"answers on": [], "answers off": []}
     with LocalControlPlane() as plane:
         os.environ.update(
@@ -73,10 +73,10 @@ def main() -> None:
         asyncio.run(one_run(2))  # warm: imports, connections
         for _ in range(args.rounds):
             for label, reply_dir in (("answers on", shipped), ("answers off", None)):
-                executor.REPLY_DIR = reply_dir  # type: ignore[assignment]
+                executor_spec.REPLY_DIR = reply_dir  # type: ignore[assignment]
                 elapsed, stored = asyncio.run(one_run(args.chain))
                 times[label].append(elapsed)
-    executor.REPLY_DIR = shipped
+    executor_spec.REPLY_DIR = shipped
     on, off = statistics.median(times["answers on"]), statistics.median(times["answers off"])
     print(
         f"flow: ChatInput -> {args.chain} Chat Outputs ({stored} stored messages), {args.rounds} rounds each"

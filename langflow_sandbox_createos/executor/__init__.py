@@ -6,22 +6,29 @@ execution coordinator (``/api/v1/run`` via ``Graph.arun``, the ``lfx run`` comma
 subgraphs), not the vertices of a canvas build, whose endpoint walks them itself.
 
 One run: create a guest (``lf-x-...``) → one streaming exec of ``python3 -c <bootstrap>``
-whose stdin carries the guest runner (``guest/runner.py``), the run spec and a per-run frame
-secret → delete the guest, always. Each vertex's event is yielded as soon as the guest
-writes it; the run ends with ``RunComplete(outputs=list[RunOutputs])`` harvested in the
-guest the way ``Graph._run`` does it. A failure in the guest raises from the stream.
+whose stdin carries the guest runner (one text, ``guest.runner_source``), the run spec
+(``spec.run_spec``) and a per-run frame secret → delete the guest, always. Each vertex's
+event is yielded as soon as the guest writes it; the run ends with
+``RunComplete(outputs=list[RunOutputs])`` harvested in the guest the way ``Graph._run`` does
+it. A failure in the guest raises from the stream.
 
 Runtime options understood (others are ignored): ``initial_inputs``, ``max_iterations``,
 ``config``, ``reset_output_values``, ``fallback_to_env_vars``, ``outputs``,
 ``inputs_components``, ``types``, ``session_id`` and ``event_manager`` (its callbacks are
-relayed from the guest, see executor_host). ``open_flow_span`` and ``_``-prefixed keys stay
+relayed from the guest, see ``replay.py``). ``open_flow_span`` and ``_``-prefixed keys stay
 on the host (debug log). ``stream`` is accepted, but generator results are always drained in
 the guest: a live generator cannot cross to the host. The graph's runtime state crosses too
-(see executor_protocol.vertex_state and docs/executor.md, "Parity").
+(see ``spec.vertex_state`` and docs/executor.md, "Parity").
 
 With ``CREATEOS_EXECUTOR_WARM_POOL=N`` the create, the runner's start and lfx's import happen
-ahead of need on a pooled guest (``lf-xw-...``, see executor_pool.py); the run uploads its spec
+ahead of need on a pooled guest (``lf-xw-...``, see ``pool.py``); the run uploads its spec
 to the waiting runner and reads the stream that guest has held open since warm-up.
+
+The modules: ``spec`` (what the guest is sent), ``run`` (one guest and its exec), ``pool``
+(warm guests), ``framing`` (the frame format, shared with the guest), ``reader`` (frames out
+of the exec's output), ``results`` (frames as lfx results), ``replay`` and ``bridge`` (what the
+host does for the guest: messages and events, sandboxed nodes), ``flows`` (the flows a run may
+load), ``guest/`` (the runner). This module drives one run from the spec to ``RunComplete``.
 
 Importing this module is cheap and reads no settings.
 """
@@ -38,35 +45,24 @@ from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
 from lfx.utils.sandbox.base import SandboxExecutionError
 
-from langflow_sandbox_createos.core import admission, connection, failures, settings
+from langflow_sandbox_createos.core import admission, connection, settings
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor import bridge as executor_sandbox
-from langflow_sandbox_createos.executor import flows as executor_flows
 from langflow_sandbox_createos.executor import pool as executor_pool
 from langflow_sandbox_createos.executor.replay import HostReplay
-from langflow_sandbox_createos.executor.wire import (
-    GuestStatus,
-    SpecError,
-    build_spec,
-    decode_outputs,
-    decode_vertex,
-    inline_secrets,
-)
-
-if TYPE_CHECKING:
-    from lfx.execution.types import Unit
-
+from langflow_sandbox_createos.executor.results import GuestStatus, decode_outputs, decode_vertex
 from langflow_sandbox_createos.executor.run import (
     ACCEPT_SECONDS,
     ONCE,
-    REPLY_DIR,
     _failure,
     _forwarded_env,
-    _install_request,
     _Run,
     _version_text,
-    guest_knowledge,
 )
+from langflow_sandbox_createos.executor.spec import guest_knowledge, run_spec
+
+if TYPE_CHECKING:
+    from lfx.execution.types import Unit
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -81,37 +77,8 @@ class CreateOSExecutor(Executor):
         from lfx.graph.graph.constants import Finish
 
         options = dict(unit.runtime_options or {})
-        try:
-            spec, dropped = build_spec(unit.graph, list(unit.inputs or []), options)
-        except SpecError as exc:
-            raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
-        if dropped:
-            logger.debug("CreateOS executor: what stays on the host: %s", ", ".join(sorted(dropped)))
-        try:
-            spec["runtime"]["flows"] = await executor_flows.resolve(spec["graph"], spec.get("user_id"))
-        except executor_flows.FlowReferenceError as exc:
-            raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
+        spec, cfg, endpoint = await run_spec(unit.graph, list(unit.inputs or []), options)
         replay = HostReplay(options.get("event_manager"), unit.graph, spec)
-        secrets_inline = inline_secrets(spec["graph"])
-        if secrets_inline:
-            logger.info(
-                "CreateOS executor: %d secret field(s) hold inline values (%s); they reach the guest "
-                "inside the run spec (on stdin, or for a pooled guest in a file the runner removes "
-                "on reading). Prefer global variables forwarded with CREATEOS_EXECUTOR_ENV.",
-                len(secrets_inline),
-                ", ".join(secrets_inline),
-            )
-        with failures.refusing_bad_settings():
-            cfg = settings.executor_settings()
-        endpoint = connection.endpoints.get()
-        spec["timeout"] = cfg.timeout_seconds
-        spec["reply_dir"] = REPLY_DIR
-        spec["sandbox"] = {
-            **executor_sandbox.guest_view(),
-            "component": executor_sandbox.holds_component(spec["graph"], spec["runtime"].get("flows")),
-        }
-        if cfg.install_lfx and not guest_knowledge.known_good(endpoint.base_url, cfg.rootfs):
-            spec["install"] = _install_request(cfg)
 
         run: _Run | None = None
         bridge: executor_sandbox.SandboxBridge | None = None
@@ -130,63 +97,17 @@ class CreateOSExecutor(Executor):
                 run.start_exec(await run.stage())
             replay.reply = run.reply
             bridge = executor_sandbox.SandboxBridge(unit.graph, spec, run.reply)
-            frames: dict[str, Mapping[str, Any]] = {}
+            frames = _GuestFrames(run, cfg, endpoint, replay, bridge)
             async for kind, item in _reports(run, early):
                 if kind == "error":
                     raise item
                 if kind == "end":
                     result = item
                     break
-                frame: Mapping[str, Any] = item
-                frame_type = frame["t"]
-                if await replay.handle(frame):
-                    continue
-                if frame_type == "sandbox":
-                    bridge.handle(frame)
-                    continue
-                if frame_type == "vertex":
-                    try:
-                        event = decode_vertex(frame)
-                    except Exception as exc:
-                        raise SandboxExecutionError(
-                            f"CreateOS executor: unreadable vertex event from the guest: {exc}"
-                        ) from None
-                    yield StepResult(payload=event)
-                    continue
-                if frame_type in ONCE and frame_type in frames:
-                    # the runner writes these once, before (or after) any flow code runs: a
-                    # second one is flow code that learnt the frame secret
-                    raise SandboxExecutionError(
-                        f"CreateOS executor: the guest sent a second {frame_type!r} frame; the run "
-                        "was stopped (docs/executor.md, frame limits)."
-                    )
-                frames.setdefault(frame_type, frame)
-                if frame_type == "ready":
-                    lfx_version = _version_text(frame.get("lfx"))
-                    if not frame.get("installed"):
-                        guest_knowledge.record(endpoint.base_url, cfg.rootfs, lfx_version)
-                    yield StepResult(
-                        payload=GuestStatus(
-                            status="ready",
-                            sandbox_id=run.sandbox_id,
-                            rootfs=cfg.rootfs,
-                            lfx_version=lfx_version,
-                            installed=bool(frame.get("installed")),
-                            pooled=run.pooled,
-                        )
-                    )
-
-            error = _failure(cfg, frames, result, run.stderr_text())
-            if error is not None:
-                raise error
-            try:
-                outputs = decode_outputs(frames["outputs"])
-            except Exception as exc:
-                raise SandboxExecutionError(
-                    f"CreateOS executor: unreadable outputs from the guest: {exc}"
-                ) from None
-            if run.plain_lines:
-                logger.debug("CreateOS executor: %d unframed stdout line(s) ignored", run.plain_lines)
+                step = await frames.handle(item)
+                if step is not None:
+                    yield step
+            outputs = frames.outputs(result)
             status = "ok"  # a consumer may stop iterating at RunComplete: the run is done by now
             yield StepResult(payload=Finish())
             yield RunComplete(outputs=outputs)
@@ -204,6 +125,83 @@ class CreateOSExecutor(Executor):
     def shutdown() -> None:
         """Delete every pooled guest of this process now (interpreter exit does it too)."""
         executor_pool.shutdown()
+
+
+class _GuestFrames:
+    """What one run does with each frame its guest sends: host-side effects (messages, events,
+    sandboxed nodes) are applied, vertex events and the guest's status go to the caller, and
+    the rest is kept for the run's end (`outputs`)."""
+
+    def __init__(
+        self,
+        run: _Run,
+        cfg: ExecutorSettings,
+        endpoint: connection.Endpoint,
+        replay: HostReplay,
+        bridge: executor_sandbox.SandboxBridge,
+    ) -> None:
+        self.run = run
+        self.cfg = cfg
+        self.endpoint = endpoint
+        self.replay = replay
+        self.bridge = bridge
+        self.kept: dict[str, Mapping[str, Any]] = {}  # the first frame of each other type
+
+    async def handle(self, frame: Mapping[str, Any]) -> StepResult | None:
+        """The step one frame gives the caller, if any."""
+        frame_type = frame["t"]
+        if await self.replay.handle(frame):
+            return None
+        if frame_type == "sandbox":
+            self.bridge.handle(frame)
+            return None
+        if frame_type == "vertex":
+            try:
+                event = decode_vertex(frame)
+            except Exception as exc:
+                raise SandboxExecutionError(
+                    f"CreateOS executor: unreadable vertex event from the guest: {exc}"
+                ) from None
+            return StepResult(payload=event)
+        if frame_type in ONCE and frame_type in self.kept:
+            # the runner writes these once, before (or after) any flow code runs: a
+            # second one is flow code that learnt the frame secret
+            raise SandboxExecutionError(
+                f"CreateOS executor: the guest sent a second {frame_type!r} frame; the run "
+                "was stopped (docs/executor.md, frame limits)."
+            )
+        self.kept.setdefault(frame_type, frame)
+        if frame_type == "ready":
+            return StepResult(payload=self._ready(frame))
+        return None
+
+    def _ready(self, frame: Mapping[str, Any]) -> GuestStatus:
+        lfx_version = _version_text(frame.get("lfx"))
+        if not frame.get("installed"):
+            guest_knowledge.record(self.endpoint.base_url, self.cfg.rootfs, lfx_version)
+        return GuestStatus(
+            status="ready",
+            sandbox_id=self.run.sandbox_id,
+            rootfs=self.cfg.rootfs,
+            lfx_version=lfx_version,
+            installed=bool(frame.get("installed")),
+            pooled=self.run.pooled,
+        )
+
+    def outputs(self, result: Any) -> list[Any]:
+        """The run's outputs once its exec ended (`result`), or the error its end stands for."""
+        error = _failure(self.cfg, self.kept, result, self.run.stderr_text())
+        if error is not None:
+            raise error
+        try:
+            outputs = decode_outputs(self.kept["outputs"])
+        except Exception as exc:
+            raise SandboxExecutionError(
+                f"CreateOS executor: unreadable outputs from the guest: {exc}"
+            ) from None
+        if self.run.plain_lines:
+            logger.debug("CreateOS executor: %d unframed stdout line(s) ignored", self.run.plain_lines)
+        return outputs
 
 
 def _announce_wait(

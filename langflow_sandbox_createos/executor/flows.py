@@ -10,7 +10,7 @@ So before the guest starts, the host does those same steps, with Langflow's own 
 for every flow the run can reach: the targets named in the flow's loader nodes, then the
 targets of those flows, and so on. Each answer (the flow, already sanitized, or the error
 the lookup raised) travels in the run spec. In the guest, the same lookups answer from
-these shipped flows only (`guest/runner.py`, `_install_flows`). A refused flow's payload is
+these shipped flows only (`guest/flow_api.py`, `_install_flows`). A refused flow's payload is
 never shipped, only its error.
 
 A loader whose target is not a plain value in the flow (connected from another node, or

@@ -33,8 +33,8 @@ from typing import Any
 from langflow_sandbox_createos.core import connection, guest_spec, warm_pool
 from langflow_sandbox_createos.core.guest_spec import GuestSpec
 from langflow_sandbox_createos.core.settings import ExecutorSettings
+from langflow_sandbox_createos.executor.guest import runner_source
 from langflow_sandbox_createos.executor.run import SPEC_PATH, _Run
-from langflow_sandbox_createos.executor.wire import runner_source
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 

@@ -51,7 +51,7 @@ class HostReplay:
             runtime.get("flows") if isinstance(runtime, Mapping) else None
         )
         self.owner = _owner(graph) if live else None
-        self.run_id = spec.get("run_id")  # the host graph's (executor_protocol._identity)
+        self.run_id = spec.get("run_id")  # the host graph's (spec._identity)
         self.ids: dict[str, str] = {}  # guest message id -> host message id
         self.flows: dict[str, Any] = {}  # host message id -> the flow it was stored under
         # answers a stored message with its host id: (the guest's number for it, the answer)

@@ -18,15 +18,10 @@ from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableErro
 from langflow_sandbox_createos.core import budget, connection, failures, guest_spec
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import ExecutorSettings
-from langflow_sandbox_createos.executor.wire import (
-    BOOTSTRAP,
-    FrameReader,
-    encode_runtime,
-    new_token,
-    runner_source,
-    spec_mac,
-    tail,
-)
+from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, spec_mac, tail
+from langflow_sandbox_createos.executor.guest import BOOTSTRAP, runner_source
+from langflow_sandbox_createos.executor.reader import FrameReader
+from langflow_sandbox_createos.executor.spec import REPLY_DIR, encode_runtime
 
 if TYPE_CHECKING:
     pass
@@ -39,9 +34,6 @@ PYTHON = "python3"
 # instead of travelling on stdin, whose size limit the API leaves undocumented.
 STDIN_SPEC_MAX_BYTES = 4 * 1024 * 1024
 SPEC_DIR = "/workspace/.createos-run"
-# Where the host answers a stored message with its id in the host's memory (the guest's
-# private /tmp; the runner reads each answer once and removes it).
-REPLY_DIR = "/tmp/.createos-run"
 # Where a pooled runner waits for its spec (the guest's private /tmp).
 SPEC_PATH = "/tmp/.createos-run/spec"
 # How long a pooled runner may take to confirm it picked up the uploaded spec.
@@ -49,11 +41,6 @@ ACCEPT_SECONDS = 30.0
 # How long closing the stream waits for the guest delete before returning anyway.
 CLOSE_WAIT_SECONDS = 5.0
 STDERR_KEEP_CHARS = 16000
-
-# Exit statuses of guest/runner.py.
-EXIT_TIMEOUT = 124
-EXIT_NO_LFX = 3
-EXIT_INSTALL_FAILED = 4
 
 ROOTFS_HINT = (
     "Build a guest template with Langflow and every package your components import, and set "
@@ -72,65 +59,6 @@ def _version_text(value: Any) -> str | None:
         return None
     cleaned = "".join(ch if 32 < ord(ch) < 127 else "?" for ch in value[:40])
     return cleaned + ("..." if len(value) > 40 else "")
-
-
-# --- what this process knows about each (endpoint, rootfs) -------------------------------
-
-
-class _GuestKnowledge:
-    """The guest's lfx version per (endpoint, rootfs), learnt from a run's `ready` frame.
-
-    The lfx probe is part of the run itself (the runner imports lfx first), so it costs no
-    extra round trip. Once a rootfs is known to ship lfx, the install fallback is not even
-    offered to it again, and a host/guest version skew is reported once, not per run."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lfx: dict[tuple[str, str], str | None] = {}
-
-    def known_good(self, base_url: str, rootfs: str) -> bool:
-        with self._lock:
-            return (base_url, rootfs) in self._lfx
-
-    def record(self, base_url: str, rootfs: str, guest_lfx: str | None) -> None:
-        with self._lock:
-            first = (base_url, rootfs) not in self._lfx
-            self._lfx[(base_url, rootfs)] = guest_lfx
-        host = _host_lfx_version()
-        if first and guest_lfx and host and guest_lfx != host:
-            logger.warning(
-                "CreateOS executor: rootfs %r has lfx %s while this host runs lfx %s; a flow serialized "
-                "by one version may not load in the other. Rebuild the template with lfx==%s.",
-                rootfs,
-                guest_lfx,
-                host,
-                host,
-            )
-
-    def clear(self) -> None:
-        with self._lock:
-            self._lfx.clear()
-
-
-guest_knowledge = _GuestKnowledge()
-
-
-def _host_lfx_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("lfx")
-    except Exception:  # not installed as a distribution (e.g. a source checkout)
-        return None
-
-
-def _install_request(cfg: ExecutorSettings) -> dict[str, Any]:
-    pinned = cfg.lfx_version or _host_lfx_version()
-    if pinned and not any(ch in pinned for ch in "<>=!~ "):
-        lfx = f"lfx=={pinned}"
-    else:
-        lfx = f"lfx{pinned}" if pinned else "lfx"
-    return {"packages": [lfx, *cfg.pip_extra]}
 
 
 def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:

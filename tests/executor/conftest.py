@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor import run as executor_module
+from langflow_sandbox_createos.executor import spec as executor_spec
 from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def executor_env(cp: Any, createos_env: Any, monkeypatch: pytest.MonkeyPatch) ->
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "180")
     monkeypatch.setenv("CREATEOS_EXECUTOR_ROOTFS", EXECUTOR_ROOTFS)
-    executor_module.guest_knowledge.clear()
+    executor_spec.guest_knowledge.clear()
     return cp
 
 

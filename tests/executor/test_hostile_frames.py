@@ -11,8 +11,8 @@ import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError
 
 from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor import run as executor
-from langflow_sandbox_createos.executor import wire as executor_protocol
+from langflow_sandbox_createos.executor import reader as executor_reader
+from langflow_sandbox_createos.executor import spec as executor_spec
 
 from .conftest import drain, middle_graph
 from .flow_components.frame_flooder import FrameFlooder
@@ -68,19 +68,19 @@ async def test_four_hostile_runs_at_once_keep_host_memory_bounded(executor_env: 
 
 
 async def test_a_forged_ready_frame_changes_nothing_beyond_its_run(executor_env: Any) -> None:
-    executor.guest_knowledge.clear()
+    executor_spec.guest_knowledge.clear()
     outcome = await _outcome("ready")
     assert "second 'ready' frame" in outcome, outcome
     # the real ready (written before any flow code ran) recorded the real version, not 9.9.9
-    recorded = executor.guest_knowledge._lfx  # type: ignore[attr-defined]
+    recorded = executor_spec.guest_knowledge._lfx  # type: ignore[attr-defined]
     assert all(version is None or "9.9.9" not in version for version in recorded.values()), recorded
 
 
 def test_each_frame_type_has_a_limit_and_the_line_cap_follows() -> None:
-    limits = executor_protocol.FRAME_LIMITS
+    limits = executor_reader.FRAME_LIMITS
     assert max(limits.values()) <= 8 * MIB
-    assert executor_protocol.MAX_FRAME_LINE < 9 * MIB
+    assert executor_reader.MAX_FRAME_LINE < 9 * MIB
     dense = "[" + ",".join(["{}"] * 1000) + "]"
-    assert executor_protocol.decode_cost(dense) > executor_protocol.DECODE_FACTOR * len(dense)
+    assert executor_reader.decode_cost(dense) > executor_reader.DECODE_FACTOR * len(dense)
     prose = '{"text": "' + "plain words, with commas, and: colons. " * 2000 + '"}'
-    assert executor_protocol.decode_cost(prose) <= executor_protocol.decode_budget(prose)
+    assert executor_reader.decode_cost(prose) <= executor_reader.decode_budget(prose)

@@ -14,16 +14,10 @@ from lfx.schema.schema import InputValueRequest
 
 from langflow_sandbox_createos.executor import CreateOSExecutor
 from langflow_sandbox_createos.executor import flows as executor_flows
-from langflow_sandbox_createos.executor.wire import (
-    BOOTSTRAP,
-    FrameReader,
-    SpecError,
-    build_spec,
-    encode_frame,
-    inline_secrets,
-    new_token,
-    runner_source,
-)
+from langflow_sandbox_createos.executor.framing import encode_frame, new_token
+from langflow_sandbox_createos.executor.guest import BOOTSTRAP, runner_source
+from langflow_sandbox_createos.executor.reader import FrameReader
+from langflow_sandbox_createos.executor.spec import SpecError, build_spec, inline_secrets
 
 from .conftest import REPO, chat_graph
 
@@ -250,7 +244,7 @@ def test_runtime_state_of_a_live_graph_crosses() -> None:
     from lfx.components.input_output import ChatInput, ChatOutput
     from lfx.graph import Graph
 
-    from langflow_sandbox_createos.executor.wire import encode_runtime
+    from langflow_sandbox_createos.executor.spec import encode_runtime
 
     chat_in = ChatInput(_id="chat_input")
     chat_out = ChatOutput(input_value="test", _id="chat_output")
@@ -276,7 +270,7 @@ async def test_guest_events_reach_only_registered_callbacks() -> None:
     from lfx.utils.sandbox.base import SandboxExecutionError
 
     from langflow_sandbox_createos.executor.replay import HostReplay
-    from langflow_sandbox_createos.executor.wire import event_names
+    from langflow_sandbox_createos.executor.spec import event_names
 
     seen: list[Any] = []
     manager = create_default_event_manager(None)

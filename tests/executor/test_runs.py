@@ -13,7 +13,7 @@ from lfx.schema.schema import InputValueRequest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor.wire import GuestStatus, RemoteVertexResult
+from langflow_sandbox_createos.executor.results import GuestStatus, RemoteVertexResult
 
 from .conftest import chat_graph, drain, middle_graph
 from .flow_components.digest import Digest

@@ -36,7 +36,8 @@ WHEEL_MUST_HAVE = [
     f"{PKG}/extension.json",
     f"{PKG}/components/createos/__init__.py",
     f"{PKG}/components/createos/createos_sandbox.py",
-    f"{PKG}/guest/runner.py",
+    f"{PKG}/executor/framing.py",
+    f"{PKG}/executor/guest/main.py",
     f"{PKG}/starter/createos_starter_flow.json",
     f"{PKG}/starter/createos_starter_recipe.json",
     "createos_langflow.py",  # the createos-langflow launcher

@@ -1,0 +1,161 @@
+"""The runner's entry point: `main(boot)`, called by the bootstrap with the document it read
+from stdin. A cold run carries its spec; a pooled one (`wait`) loads lfx first and then waits
+for its spec to be uploaded. Either way, one flow runs and the process exits.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from langflow_sandbox_createos.executor.framing import EXIT_FAILED, TAIL_CHARS, spec_mac, tail
+from langflow_sandbox_createos.executor.guest.frames import Frames, _isolate_stdout, _start_watchdog
+from langflow_sandbox_createos.executor.guest.graph_run import _run_flow
+from langflow_sandbox_createos.executor.guest.install import _ensure_lfx, _lfx_version
+
+
+def main(boot: dict[str, Any]) -> None:
+    """A cold run (`spec` or `spec_path` in `boot`) or a pooled one (`wait`: lfx is loaded
+    first, then the runner waits for its spec file)."""
+    wait = boot.pop("wait", None)
+    if wait is not None:
+        _pooled(boot, wait)
+    _cold(boot)
+
+
+def _pooled(boot: dict[str, Any], wait: dict[str, Any]) -> None:
+    key = bytes.fromhex(boot.pop("token"))
+    frames = _start(key)
+    _ensure_lfx(frames)
+    _preload(wait.get("warm_flow"))
+    frames.emit("ready", lfx=_lfx_version(), installed=False)
+    spec = _await_spec(frames, key, str(wait["path"]), float(wait["seconds"]), float(wait.get("poll", 0.02)))
+    del key
+    if spec is None:
+        frames.emit("idle_expired")
+        sys.stderr.flush()
+        os._exit(0)
+    frames.emit("accepted")  # before anything of the run happens
+    _start_watchdog(frames, float(spec["timeout"]))
+    _run(frames, spec)
+
+
+def _cold(boot: dict[str, Any]) -> None:
+    key = bytes.fromhex(boot.pop("token"))
+    spec = boot.pop("spec", None)
+    if spec is None:  # a large spec was uploaded; read it and leave nothing on disk
+        path = boot.pop("spec_path")
+        with open(path, encoding="utf-8") as handle:
+            spec = json.load(handle)
+        os.unlink(path)
+    frames = _start(key)
+    del key
+    deadline = time.monotonic() + float(spec["timeout"])
+    _start_watchdog(frames, float(spec["timeout"]))
+    installed = _ensure_lfx(frames, spec.get("install"), deadline)
+    frames.emit("ready", lfx=_lfx_version(), installed=installed)
+    _run(frames, spec)
+
+
+def _start(key: bytes) -> Frames:
+    frames = Frames(_isolate_stdout(), key)
+    # The guest runs the flow itself; it must never hand the graph to another executor.
+    os.environ["LANGFLOW_EXECUTOR_KIND"] = "in-process"
+    frames.emit("hello", python=sys.version.split()[0], pid=os.getpid())
+    return frames
+
+
+def _run(frames: Frames, spec: dict[str, Any]) -> None:
+    import asyncio
+
+    try:
+        asyncio.run(_run_flow(frames, spec))
+    except BaseException as exc:  # report every failure, including SystemExit from a component
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        frames.emit(
+            "fatal",
+            error=tail(f"{type(exc).__name__}: {exc}", TAIL_CHARS),
+            missing_module=_missing_module(exc),
+            traceback=tail("".join(traceback.format_exception(exc)), TAIL_CHARS),
+        )
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)
+    frames.emit("done")
+    sys.stderr.flush()
+    os._exit(0)  # do not wait for threads a component left running
+
+
+def _missing_module(exc: BaseException) -> str | None:
+    """The module a ModuleNotFoundError anywhere in the exception chain names."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ModuleNotFoundError) and current.name:
+            return current.name
+        stack += [current.__cause__, current.__context__]
+    text = str(exc)
+    marker = "No module named "
+    at = text.find(marker)
+    if at >= 0:
+        rest = text[at + len(marker) :].strip()
+        quote = rest[:1]
+        if quote in ("'", '"') and quote in rest[1:]:
+            return rest[1 : rest.index(quote, 1)]
+    return None
+
+
+def _await_spec(frames: Frames, key: bytes, path: str, seconds: float, poll: float) -> dict[str, Any] | None:
+    """Wait for the host's upload of this guest's one run spec: `<mac>\n<json>`, accepted only
+    whole and authentic (the MAC, keyed with this runner's secret, also proves it complete
+    on a control plane whose upload is not atomic). Read once, then removed. None when
+    nobody delivered a spec within `seconds` (the host's pool has forgotten this guest)."""
+    frames.emit("waiting", path=path)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            time.sleep(poll)
+            continue
+        mac, _, body = data.partition(b"\n")
+        if hmac.compare_digest(mac.decode("ascii", "replace"), spec_mac(key, body)):
+            os.unlink(path)
+            return json.loads(body)
+        time.sleep(poll)  # still being written
+    return None
+
+
+def _preload(warm_flow: Any = None) -> None:
+    """What every run imports, loaded while a pooled runner waits for its spec; then a small
+    flow from the host (ChatInput -> ChatOutput) is rebuilt and dropped, never run, which
+    fills lfx's first-build caches (component code, models): ~0.3 s off the run's own build."""
+    import asyncio  # noqa: F401
+    import importlib.util
+
+    from lfx.events.event_manager import EventManager  # noqa: F401
+    from lfx.graph import Graph
+    from lfx.graph.graph.constants import Finish  # noqa: F401
+    from lfx.memory import stubs  # noqa: F401
+    from lfx.memory.flow_context import should_persist_messages  # noqa: F401
+    from lfx.schema.data import Data  # noqa: F401
+    from lfx.schema.message import Message  # noqa: F401
+    from lfx.schema.schema import InputValueRequest  # noqa: F401
+
+    if importlib.util.find_spec("fastapi") is not None:  # else _jsonable uses lfx's serializer
+        from fastapi.encoders import jsonable_encoder  # noqa: F401
+    if isinstance(warm_flow, dict):
+        try:
+            Graph.from_payload(warm_flow)
+        except Exception:  # only a warm-up: the run builds its own graph
+            traceback.print_exc()

@@ -1,0 +1,185 @@
+"""The host's reading of the guest runner's output stream: lines sorted into authenticated
+frames and plain output, each frame held to its type's byte limit and a decode-cost bound
+before it is decoded (docs/executor.md, frame limits). Host only; the frame format itself is
+`framing.py`. Imports nothing of lfx.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from langflow_sandbox_createos.executor.framing import MAC_HEX, MAGIC, frame_mac
+
+KIB, MIB = 1024, 1024 * 1024
+# Every frame type the runner writes, with the most bytes of JSON one may hold. Flow code can
+# learn the frame secret (it shares the runner's memory), so these bound what a hostile run
+# can make the host decode: an authentic frame of another type, or over its limit, fails the
+# run (it is never kept). Control frames are small; vertex events are capped at 512 KiB by
+# the runner; the rest carry messages, code and the run's results.
+FRAME_LIMITS: dict[str, int] = {
+    **dict.fromkeys(
+        (
+            "hello",
+            "ready",
+            "graph",
+            "accepted",
+            "waiting",
+            "done",
+            "timeout",
+            "missing_lfx",
+            "idle_expired",
+            "installing",
+            "installed",
+            "install_failed",
+            "fatal",
+            "delete",
+        ),
+        64 * KIB,
+    ),
+    "vertex": 1 * MIB,
+    "event": 4 * MIB,
+    "store": 4 * MIB,
+    "update": 4 * MIB,
+    "sandbox": 4 * MIB,
+    "history": 64 * KIB,
+    "outputs": 8 * MIB,
+}
+MAX_FRAME_LINE = max(FRAME_LIMITS.values()) + 256  # the header before the JSON
+# What decoding one frame may cost on top of its text: Python's objects for JSON made mostly
+# of structure take ~30 times the text ("[{},{},...]": 16 MiB decoded to 354 MiB), so the
+# cost is estimated from above first and a frame over the budget is refused undecoded.
+DECODE_FACTOR = 8
+DECODE_FLOOR = 2 * MIB
+
+
+def decode_cost(body: str) -> int:
+    """An upper bound of the memory json.loads takes for `body` (its text included): a dict
+    per brace, a list per bracket, an object per comma or colon (the counts include those in
+    strings, which only raises the bound)."""
+    return (
+        len(body)
+        + 232 * body.count("{")
+        + 64 * body.count("[")
+        + 72 * (body.count(",") + body.count(":") + 1)
+    )
+
+
+def decode_budget(body: str) -> int:
+    return DECODE_FACTOR * len(body) + DECODE_FLOOR
+
+
+class FrameRefused(ValueError):
+    """An authentic frame the host refuses to decode (unknown type, too large, too dense)."""
+
+
+_JOIN_EVERY = 256
+
+
+@dataclass
+class FrameReader:
+    """Splits one output stream into lines and sorts them into authenticated frames and
+    plain output. Never raises on what the guest prints."""
+
+    key: bytes
+    on_frame: Callable[[dict[str, Any]], None]
+    on_plain: Callable[[str], None]
+    max_line: int = MAX_FRAME_LINE
+    # an authentic frame refused undecoded (see FRAME_LIMITS): the run must fail
+    on_refused: Callable[[FrameRefused], None] | None = None
+    next_seq: int = 0
+    rejected: int = 0
+    # a line still waiting for its newline. A guest can send it in millions of tiny pieces,
+    # and a str object costs ~50 bytes on top of its text: the newest pieces are joined
+    # into one chunk every _JOIN_EVERY, so the memory is about the text itself
+    _pieces: list[str] = field(default_factory=list)
+    _chunks: list[str] = field(default_factory=list)
+    _buffered: int = 0
+
+    def feed(self, text: str) -> None:
+        while text:
+            newline = text.find("\n")
+            if newline < 0:
+                self._pieces.append(text)
+                self._buffered += len(text)
+                if len(self._pieces) >= _JOIN_EVERY:
+                    self._chunks.append("".join(self._pieces))
+                    self._pieces.clear()
+                if self._buffered > self.max_line:  # not a frame we could accept anyway
+                    self.rejected += 1
+                    line = self._take()
+                    if line.startswith(MAGIC + " ") and self.on_refused is not None:
+                        # only flow code writes such a line on the frame channel
+                        self.on_refused(FrameRefused(f"a frame line over the {self.max_line}-byte limit"))
+                    else:
+                        self.on_plain(line)
+                return
+            if self._buffered:
+                self._pieces.append(text[:newline])
+                line = self._take()
+            else:
+                line = text[:newline]
+            text = text[newline + 1 :]
+            self._line(line)
+
+    def close(self) -> None:
+        if self._buffered:
+            self._line(self._take())
+
+    def _take(self) -> str:
+        line = "".join(self._chunks) + "".join(self._pieces)
+        self._chunks.clear()
+        self._pieces.clear()
+        self._buffered = 0
+        return line
+
+    def _line(self, line: str) -> None:
+        try:
+            frame = self._authenticate(line.rstrip("\r"))
+        except FrameRefused as refused:
+            self.rejected += 1
+            if self.on_refused is not None:
+                self.on_refused(refused)
+            return
+        if frame is None:
+            if line.strip():
+                self.on_plain(line)
+            return
+        self.on_frame(frame)
+
+    def _authenticate(self, line: str) -> dict[str, Any] | None:
+        if not line.startswith(MAGIC + " "):
+            return None
+        parts = line.split(" ", 4)
+        if len(parts) != 5:
+            self.rejected += 1
+            return None
+        _, seq_text, mac, kind, body = parts
+        if seq_text != str(self.next_seq) or len(mac) != MAC_HEX:
+            self.rejected += 1
+            return None
+        if not hmac.compare_digest(mac, frame_mac(self.key, self.next_seq, kind, body)):
+            self.rejected += 1
+            return None
+        self.next_seq += 1  # authentic: from here on, a bad frame fails the run
+        shown = repr(kind[:40])
+        limit = FRAME_LIMITS.get(kind)
+        if limit is None:
+            raise FrameRefused(f"a frame of unknown type {shown}")
+        if len(body) > limit:
+            raise FrameRefused(f"a {shown} frame of {len(body)} bytes, over its {limit}-byte limit")
+        if decode_cost(body) > decode_budget(body):
+            raise FrameRefused(
+                f"a {shown} frame of {len(body)} bytes that would take more than "
+                f"{decode_budget(body)} bytes to decode (mostly structure)"
+            )
+        try:
+            frame = json.loads(body)
+        except ValueError:
+            raise FrameRefused(f"a {shown} frame that is not JSON") from None
+        if not isinstance(frame, dict) or frame.get("t") != kind:
+            raise FrameRefused(f"a {shown} frame whose body names another type")
+        return frame

@@ -1,0 +1,110 @@
+"""The guest runner's one text, assembled from the shared frame format and the guest modules:
+it compiles, it is one program (one definition of each name), and its frames and spec MACs are
+the host's, byte for byte. No guest needed."""
+
+from __future__ import annotations
+
+import ast
+import os
+from typing import Any
+
+import pytest
+
+from langflow_sandbox_createos.executor import framing
+from langflow_sandbox_createos.executor.guest import RUNNER_MODULES, module_text, runner_source
+from langflow_sandbox_createos.executor.reader import FrameReader
+
+
+def _runner() -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": "runner_under_test"}
+    exec(compile(runner_source(), "createos-runner.py", "exec"), namespace)
+    return namespace
+
+
+def _defined(tree: ast.Module) -> list[str]:
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.append(node.target.id)
+    return names
+
+
+def test_the_text_compiles_and_defines_main() -> None:
+    runner = _runner()
+    assert callable(runner["main"])
+    tree = ast.parse(runner_source())
+    assert _defined(tree).count("MAGIC") == 1
+    # the shared frame format comes first, then the guest modules in their fixed order
+    assert RUNNER_MODULES[0] == "langflow_sandbox_createos.executor.framing"
+    assert RUNNER_MODULES[-1] == "langflow_sandbox_createos.executor.guest.main"
+    # one future import, at the top; no import of this package is left at module level
+    futures = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
+    assert len(futures) == 1 and tree.body.index(futures[0]) == 0
+    assert not [
+        n.module
+        for n in tree.body
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("langflow_sandbox_createos")
+    ]
+
+
+def test_no_module_redefines_a_name_of_another() -> None:
+    """In one text a later definition would silently replace an earlier module's."""
+    seen: dict[str, str] = {}
+    for name in RUNNER_MODULES:
+        for defined in _defined(ast.parse(module_text(name))):
+            assert defined not in seen, f"{defined} is defined in {seen.get(defined)} and {name}"
+            seen[defined] = name
+
+
+def test_guest_frames_are_the_hosts_byte_for_byte() -> None:
+    """The guest's Frames and the host's encode_frame write the same line for the same frame
+    (the guest adds a newline before it), and the host's reader accepts it."""
+    runner = _runner()
+    key = os.urandom(32)
+    read_fd, write_fd = os.pipe()
+    try:
+        runner["Frames"](write_fd, key).emit("ready", lfx="0.1", installed=False)
+    finally:
+        os.close(write_fd)
+    with os.fdopen(read_fd) as pipe:
+        written = pipe.read()
+    assert written == "\n" + framing.encode_frame(key, 0, "ready", lfx="0.1", installed=False)
+    mac = written.split(" ")[2]
+    assert mac == framing.frame_mac(key, 0, "ready", '{"lfx":"0.1","installed":false,"t":"ready"}')
+    frames: list[dict[str, Any]] = []
+    FrameReader(key=key, on_frame=frames.append, on_plain=lambda line: None).feed(written)
+    assert frames == [{"lfx": "0.1", "installed": False, "t": "ready"}]
+
+
+def test_host_and_guest_agree_on_the_spec_mac() -> None:
+    runner = _runner()
+    key, body = os.urandom(32), b'{"graph": {}}'
+    assert runner["spec_mac"](key, body) == framing.spec_mac(key, body)
+    assert runner["spec_mac"](key, body[:-1]) != framing.spec_mac(key, body)  # a partial upload fails
+
+
+def test_the_guest_exits_with_the_hosts_exit_statuses() -> None:
+    runner = _runner()
+    for name in ("EXIT_TIMEOUT", "EXIT_NO_LFX", "EXIT_INSTALL_FAILED", "EXIT_FAILED"):
+        assert runner[name] == getattr(framing, name)
+
+
+def test_an_import_the_order_cannot_satisfy_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module that imports from one after it would leave a name undefined in the guest."""
+    from langflow_sandbox_createos.executor import guest
+
+    order = list(RUNNER_MODULES)
+    order.remove("langflow_sandbox_createos.executor.guest.frames")
+    order.append("langflow_sandbox_createos.executor.guest.frames")
+    monkeypatch.setattr(guest, "RUNNER_MODULES", tuple(order))
+    guest.runner_source.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="comes later in RUNNER_MODULES"):
+            guest.runner_source()
+    finally:
+        monkeypatch.undo()
+        guest.runner_source.cache_clear()
