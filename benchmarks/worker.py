@@ -27,7 +27,7 @@ _PROTO = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
 sys.stdout = sys.stderr
 
-OURS = importlib.util.find_spec("langflow_sandbox_createos.backend.engine") is not None
+OURS = importlib.util.find_spec("langflow_sandbox_createos.backend") is not None
 PLUGIN = "ours" if OURS else "peer"
 
 _backend: Any = None
@@ -37,7 +37,7 @@ def backend() -> Any:
     global _backend
     if _backend is None:
         if OURS:
-            from langflow_sandbox_createos.backend.engine import create_backend
+            from langflow_sandbox_createos.backend import create_backend
         else:
             from langflow_sandbox_createos import create_backend
         _backend = create_backend()
