@@ -80,14 +80,7 @@ def venv_langflow() -> Path:
 # --- statistics ------------------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    data = sorted(values)
-    if not data:
-        return float("nan")
-    pos = (len(data) - 1) * q
-    lo, hi = int(pos), min(int(pos) + 1, len(data) - 1)
-    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
-
+from run import percentile  # noqa: E402  (benchmarks/run.py, S1-S7's own)
 
 # --- /proc -----------------------------------------------------------------------------------
 
