@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
@@ -22,9 +22,6 @@ from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, 
 from langflow_sandbox_createos.executor.guest import BOOTSTRAP, runner_source
 from langflow_sandbox_createos.executor.reader import FrameReader
 from langflow_sandbox_createos.executor.spec import REPLY_DIR, encode_runtime
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
