@@ -61,6 +61,9 @@ BED_CPU = 1
 CLIENT_TIMEOUT = 120.0
 SURFACES = ("inprocess", "executor", "backend", "component", "component-reuse")
 EXECUTOR_POOL = 4
+# CREATEOS_EXECUTOR_MAX_GUESTS for the executor's server: the bed's parallelism (its guests share
+# one CPU: one guest boots while another finishes), as docs/executor.md tells operators to set it.
+EXECUTOR_MAX_GUESTS = 2
 IDLE_RATE_SECONDS = 10.0
 REUSE_IDLE_SECONDS = 5  # the server's CREATEOS_SANDBOX_REUSE_IDLE_SECONDS: the reused guest goes after a cell
 CODE = "print(6 * 7)"
@@ -596,7 +599,7 @@ class Server:
         how many, how they ended, how long each took inside the server (its wait in line
         included), and how many runs were told to wait in line."""
         ended: list[tuple[str, float]] = []
-        waited = 0
+        waited = gave_up = 0
         with contextlib.suppress(OSError):
             for line in (self.lf.run_dir / "langflow.log").read_text(errors="replace").splitlines():
                 if "CreateOS executor: " not in line or not line.startswith("{"):
@@ -610,11 +613,14 @@ class Server:
                         ended.append((m.group(2), float(m.group(1))))
                     elif "waits in line" in row["event"]:
                         waited += 1
+                    elif "gave up at CREATEOS_EXECUTOR_MAX_WAIT_SECONDS" in row["event"]:
+                        gave_up += 1
         took = [t for _, t in ended]
         return {
             "ended": len(ended),
             "ok": sum(1 for status, _ in ended if status == "ok"),
             "waited_in_line": waited,
+            "gave_up_in_line": gave_up,
             "took_s": {"p50": percentile(took, 0.5), "max": max(took, default=float("nan"))},
         }
 
@@ -942,7 +948,7 @@ def detail_lines(doc: dict[str, Any]) -> list[str]:
         if side:
             ended = (
                 f"{side['ended']} ({side['ok']}), {_s(side['took_s']['p50'])} / {_s(side['took_s']['max'])}; "
-                f"{side['waited_in_line']} waited in line"
+                f"{side['waited_in_line']} waited in line, {side.get('gave_up_in_line', 0)} gave up there"
             )
         else:
             ended = f"{c['cpu_per_run_ms']['runs']} (answers)"
@@ -992,7 +998,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
         f"(.venv-langflow), one gunicorn worker |",
         f"| Confinement | {meta['confinement']} |",
         f"| Cell | {meta['seconds']:.0f} s per cell; executor warm pool {EXECUTOR_POOL}, "
-        f"CREATEOS_EXECUTOR_MAX_GUESTS default (8) |",
+        f"CREATEOS_EXECUTOR_MAX_GUESTS={meta.get('executor_max_guests', 8)}, "
+        f"CREATEOS_EXECUTOR_MAX_WAIT_SECONDS default (120) |",
         f"| Duration | {meta.get('duration_s', 0):.0f} s{' (quick: not a result)' if meta.get('quick') else ''} |",
         "",
     ]
@@ -1280,6 +1287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "quick": args.quick,
         "concurrency": levels,
         "client_timeout_s": CLIENT_TIMEOUT,
+        "executor_max_guests": EXECUTOR_MAX_GUESTS,
         "confinement": (
             f"createos-local and its guests on CPU {BED_CPU} (sched_setaffinity before exec; guests inherit it), "
             f"the Langflow process tree on CPU {SERVER_CPU} (every thread re-pinned after start-up, checked), "
@@ -1296,7 +1304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if plain:
         wanted["plain"] = {}
     if "executor" in surfaces:
-        wanted["executor"] = {"EXECUTOR": "createos", "CREATEOS_EXECUTOR_WARM_POOL": str(EXECUTOR_POOL)}
+        wanted["executor"] = {
+            "EXECUTOR": "createos",
+            "CREATEOS_EXECUTOR_WARM_POOL": str(EXECUTOR_POOL),
+            "CREATEOS_EXECUTOR_MAX_GUESTS": str(EXECUTOR_MAX_GUESTS),
+        }
     try:
         with servers(bed, scratch, wanted) as made:
             doc["meta"]["affinity"] = {name: s.affinity for name, s in made.items()}

@@ -160,7 +160,18 @@ class CreateOSBackend:
             "max_output_bytes": config.max_output_bytes,
             "delete": "background",
         }
-        admission.backend_line.enter(config.max_guests, _announce_wait)
+        try:
+            admission.backend_line.enter(config.max_guests, _announce_wait, config.max_wait_seconds)
+        except admission.WaitedTooLong as exc:
+            raise SandboxUnavailableError(
+                admission.gave_up_text(
+                    "CreateOS: this sandbox run",
+                    exc,
+                    "CREATEOS_SANDBOX_MAX_GUESTS",
+                    config.max_guests,
+                    "CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
+                )
+            ) from None
         try:
             pool_key = spec.env_at_exec() if config.warm_pool else None
             warm = self._pool.take(pool_key, client, config.warm_pool) if pool_key is not None else None

@@ -935,6 +935,7 @@ def run(
         rootfs = settings.rootfs()
         idle_limit = settings.reuse_idle_seconds()
         max_guests = settings.sandbox_max_guests()
+        max_wait = settings.sandbox_max_wait_seconds()
     notice = ""
     if req.reuse and req.owner is None:
         # never a guest another identity could land on: this run gets its own, deleted after
@@ -962,7 +963,18 @@ def run(
         logger.info("CreateOS Sandbox: %s", text)
         note(text)
 
-    admission.component_line.enter(max_guests, announce_wait)
+    try:
+        admission.component_line.enter(max_guests, announce_wait, max_wait)
+    except admission.WaitedTooLong as exc:
+        raise SandboxUnavailableError(
+            admission.gave_up_text(
+                "CreateOS Sandbox: this run",
+                exc,
+                "CREATEOS_SANDBOX_MAX_GUESTS",
+                max_guests,
+                "CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
+            )
+        ) from None
     try:
         if req.reuse:
             busy = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS

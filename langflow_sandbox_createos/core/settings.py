@@ -212,6 +212,8 @@ def base_url(environ: Mapping[str, str] | None = None) -> str:
 
 # Backend runs, and component runs, holding a guest at once per process (admission.py).
 DEFAULT_SANDBOX_MAX_GUESTS = 16
+# How long a run may wait in line for one of those slots (every surface); 0 waits forever.
+DEFAULT_MAX_WAIT_SECONDS = 120
 
 
 @dataclass(frozen=True)
@@ -226,6 +228,7 @@ class BackendSettings:
     max_output_bytes: int
     warm_pool: int
     max_guests: int = DEFAULT_SANDBOX_MAX_GUESTS
+    max_wait_seconds: int = DEFAULT_MAX_WAIT_SECONDS
 
 
 def _lfx_sandbox_settings() -> object | None:
@@ -282,6 +285,7 @@ def backend_settings(environ: Mapping[str, str] | None = None) -> BackendSetting
         max_output_bytes=max_output_bytes(environ),
         warm_pool=parse_int("CREATEOS_SANDBOX_WARM_POOL", 0, minimum=0, maximum=64, environ=environ),
         max_guests=sandbox_max_guests(environ),
+        max_wait_seconds=sandbox_max_wait_seconds(environ),
     )
 
 
@@ -319,6 +323,18 @@ def sandbox_max_guests(environ: Mapping[str, str] | None = None) -> int:
     flight at once in this process (each surface its own line)."""
     return parse_int(
         "CREATEOS_SANDBOX_MAX_GUESTS", DEFAULT_SANDBOX_MAX_GUESTS, minimum=1, maximum=1024, environ=environ
+    )
+
+
+def sandbox_max_wait_seconds(environ: Mapping[str, str] | None = None) -> int:
+    """CREATEOS_SANDBOX_MAX_WAIT_SECONDS: how long a backend or component run may wait in line
+    for a guest slot before it fails (0: no deadline)."""
+    return parse_int(
+        "CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
+        DEFAULT_MAX_WAIT_SECONDS,
+        minimum=0,
+        maximum=MAX_TIMEOUT_SECONDS,
+        environ=environ,
     )
 
 
@@ -372,6 +388,7 @@ class ExecutorSettings:
     warm_pool: int = 0
     warm_pool_idle_seconds: int = 300
     max_guests: int = DEFAULT_EXECUTOR_MAX_GUESTS
+    max_wait_seconds: int = DEFAULT_MAX_WAIT_SECONDS
 
 
 def validate_address_rule(rule: str, setting: str) -> str:
@@ -442,6 +459,13 @@ def executor_settings(environ: Mapping[str, str] | None = None) -> ExecutorSetti
             DEFAULT_EXECUTOR_MAX_GUESTS,
             minimum=1,
             maximum=1024,
+            environ=environ,
+        ),
+        max_wait_seconds=parse_int(
+            "CREATEOS_EXECUTOR_MAX_WAIT_SECONDS",
+            DEFAULT_MAX_WAIT_SECONDS,
+            minimum=0,
+            maximum=MAX_TIMEOUT_SECONDS,
             environ=environ,
         ),
     )

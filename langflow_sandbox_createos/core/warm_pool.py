@@ -31,6 +31,11 @@ Design points (docs/performance.md has the costs):
 - **Warmers.** A pool may be given a :class:`Warmer` that prepares each new guest further
   (the executor starts its guest runner and waits until lfx is loaded) and holds a handle
   for it; a guest whose handle reports it unusable is discarded at ``take`` without a request.
+- **Gates.** A pool may also be given a :class:`Gate`, the surface's admission line: each
+  create then holds one of the line's slots from its request until its guest is warm, and
+  starts only when a slot is spare (no run waiting, fewer than the limit in flight). Refills
+  then count against the same limit as runs, never make a run wait, and resume by themselves
+  when a run leaves (the executor's pool, ``executor/pool.py``).
 """
 
 from __future__ import annotations
@@ -79,6 +84,22 @@ class Warmer(Protocol):
         """The guest is about to be deleted unused: release the handle's resources."""
 
 
+class Gate(Protocol):
+    """Admission for the pool's creates (see the module docstring)."""
+
+    def try_enter(self, key: GuestSpec) -> bool:
+        """Take a slot for one create of ``key`` if one is spare; never waits."""
+
+    def has_spare(self, key: GuestSpec) -> bool:
+        """Whether try_enter would succeed now (a hint: workers are started only then)."""
+
+    def leave(self) -> None:
+        """Give back a slot try_enter took."""
+
+    def when_spare(self, callback: Any) -> None:
+        """Call ``callback()`` whenever a slot frees that no run takes."""
+
+
 @dataclass
 class _Guest:
     sandbox_id: str
@@ -116,13 +137,24 @@ class WarmPool:
         max_workers: int = MAX_WORKERS,
         prefix: str = NAME_PREFIX,
         warmer: Warmer | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._random_name = random_name
         self._max_workers = max_workers
         self.prefix = prefix
         self._warmer = warmer
+        self._gate = gate
         self._init_state()
         _live_pools.add(self)
+        if gate is not None:
+            ref = weakref.ref(self)
+
+            def on_spare() -> None:
+                pool = ref()
+                if pool is not None:
+                    pool._on_spare()
+
+            gate.when_spare(on_spare)
 
     def _init_state(self) -> None:
         self._cond = threading.Condition(threading.Lock())
@@ -223,6 +255,14 @@ class WarmPool:
 
     # --- background work ---------------------------------------------------------------------
 
+    def _on_spare(self) -> None:
+        """The gate freed a slot: a refill that waited for one may start now."""
+        with self._cond:
+            self._wake_workers_locked()
+
+    def _may_create_locked(self, pool: _Pool, now: float) -> bool:
+        return pool.active(now) and now >= pool.retry_at and len(pool.ready) + pool.pending < pool.target
+
     def _wake_workers_locked(self) -> None:
         work = self._work_count_locked(time.monotonic())
         while len(self._workers) - self._busy < work and len(self._workers) < self._max_workers:
@@ -236,7 +276,8 @@ class WarmPool:
     def _work_count_locked(self, now: float) -> int:
         n = len(self._to_delete)
         for pool in self._pools.values():
-            if pool.active(now) and now >= pool.retry_at:
+            gated_off = self._gate is not None and not self._gate.has_spare(pool.key)
+            if pool.active(now) and now >= pool.retry_at and not gated_off:
                 n += max(0, pool.target - len(pool.ready) - pool.pending)
         return n
 
@@ -250,9 +291,9 @@ class WarmPool:
         if self._to_delete:
             return ("delete", self._to_delete.popleft(), None)
         for pool in self._pools.values():
-            if pool.active(now) and now >= pool.retry_at and len(pool.ready) + pool.pending < pool.target:
+            if self._may_create_locked(pool, now) and (self._gate is None or self._gate.try_enter(pool.key)):
                 pool.pending += 1
-                return ("create", pool, None)
+                return ("create", pool, self._gate)
         return None
 
     def _next_wakeup_locked(self, now: float) -> float | None:
@@ -281,7 +322,13 @@ class WarmPool:
                 if job[0] == "delete":
                     self._delete(*job[1])
                 else:
-                    self._create(job[1], generation)
+                    try:
+                        self._create(job[1], generation)
+                    finally:
+                        if job[2] is not None:
+                            job[
+                                2
+                            ].leave()  # after the guest is ready: a waiting run that gets the slot takes it
             finally:
                 with self._cond:
                     if self._generation == generation:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
-from lfx.utils.sandbox.base import SandboxExecutionError
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos.core import admission, connection, settings
 from langflow_sandbox_createos.core.settings import ExecutorSettings
@@ -84,9 +84,22 @@ class CreateOSExecutor(Executor):
         bridge: executor_sandbox.SandboxBridge | None = None
         started = time.monotonic()
         status = "failed"  # until RunComplete is out
-        await admission.executor_line.enter(
-            cfg.max_guests, lambda ahead, in_flight: _announce_wait(options, cfg, ahead, in_flight)
-        )
+        try:
+            await admission.executor_line.enter(
+                cfg.max_guests,
+                lambda ahead, in_flight: _announce_wait(options, cfg, ahead, in_flight),
+                cfg.max_wait_seconds,
+            )
+        except admission.WaitedTooLong as exc:
+            text = admission.gave_up_text(
+                "CreateOS executor: this run",
+                exc,
+                "CREATEOS_EXECUTOR_MAX_GUESTS",
+                cfg.max_guests,
+                "CREATEOS_EXECUTOR_MAX_WAIT_SECONDS",
+            )
+            logger.warning("%s (flow %s)", text, spec.get("flow_id") or "(no id)")
+            raise SandboxUnavailableError(text) from None
         try:
             early: list[tuple[str, Any]] = []
             if cfg.warm_pool and "install" not in spec:

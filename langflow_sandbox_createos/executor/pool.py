@@ -16,6 +16,11 @@ module adds what a warm executor guest is:
   so the spec never reaches it. A runner that dies between the upload and its ``accepted``
   frame ends the stream without ``accepted``: nothing of the run ran there. In all three cases
   the run falls back to a fresh guest, so nothing runs twice.
+- **Refills count against CREATEOS_EXECUTOR_MAX_GUESTS.** A warm-up boots a guest and imports
+  lfx, the same work as a cold run, so each one holds a slot of the executor's admission line
+  from its create until its runner is waiting. It starts only when a slot is spare (no run
+  waits, fewer than the limit in flight), so a pool never makes a run wait and never boots more
+  guests at once than the limit; refills left over resume as runs leave.
 - **Bounded idle life.** A pooled guest is handed out only within
   ``CREATEOS_EXECUTOR_WARM_POOL_IDLE_SECONDS`` of its create; its runner gives up waiting a
   little later, and the guest's auto-pause covers idle life plus the run's timeout.
@@ -30,7 +35,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from langflow_sandbox_createos.core import connection, guest_spec, warm_pool
+from langflow_sandbox_createos.core import admission, connection, guest_spec, warm_pool
 from langflow_sandbox_createos.core.guest_spec import GuestSpec
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor.guest import runner_source
@@ -129,6 +134,24 @@ class _Warmer:
         handle.discard()
 
 
+class _LineGate:
+    """The executor's admission line as the pool's gate: a refill is one more run in flight."""
+
+    def try_enter(self, key: GuestSpec) -> bool:
+        assert isinstance(key, ExecutorPoolKey)
+        return admission.executor_line.try_enter_spare(key.cfg.max_guests)
+
+    def has_spare(self, key: GuestSpec) -> bool:
+        assert isinstance(key, ExecutorPoolKey)
+        return admission.executor_line.has_spare(key.cfg.max_guests)
+
+    def leave(self) -> None:
+        admission.executor_line.leave()
+
+    def when_spare(self, callback: Any) -> None:
+        admission.executor_line.when_spare(callback)
+
+
 _lock = threading.Lock()
 _pool: warm_pool.WarmPool | None = None
 
@@ -139,7 +162,7 @@ def pool() -> warm_pool.WarmPool:
     with _lock:
         if _pool is None:
             _pool = warm_pool.WarmPool(
-                random_name=guest_spec.random_name, prefix=NAME_PREFIX, warmer=_Warmer()
+                random_name=guest_spec.random_name, prefix=NAME_PREFIX, warmer=_Warmer(), gate=_LineGate()
             )
         return _pool
 

@@ -130,3 +130,58 @@ def test_component_runs_beyond_the_limit_wait_and_say_so(
     said = [text for run in notes for text in run if "waiting in line" in text]
     assert len(said) == 2 and all("CREATEOS_SANDBOX_MAX_GUESTS=1" in text for text in said), notes
     assert admission.component_line.in_flight == 0
+
+
+def test_a_sync_line_caller_gives_up_at_its_wait_deadline() -> None:
+    line = admission.SyncLine("test")
+    line.enter(1, lambda *_: None)
+    started = time.monotonic()
+    with pytest.raises(admission.WaitedTooLong) as caught:
+        line.enter(1, lambda *_: None, 0.3)
+    assert time.monotonic() - started >= 0.3
+    assert caught.value.in_flight == 1 and caught.value.ahead == 0
+    assert line.waiting == 0 and line.gave_up == 1
+    # the line moves past the ticket given up
+    line.leave()
+    line.enter(1, lambda *_: None, 0.3)
+    line.leave()
+    assert line.in_flight == 0
+
+
+@pytest.mark.parametrize("surface", ["backend", "component"])
+def test_a_run_that_waits_past_CREATEOS_SANDBOX_MAX_WAIT_SECONDS_fails_before_any_guest(
+    surface: str, backend: CreateOSBackend, backend_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot held (here by the test itself): the run gives up after the deadline with an
+    error that names both settings, and no guest was created for it."""
+    from lfx.utils.sandbox.base import SandboxUnavailableError
+
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_GUESTS", "1")
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_WAIT_SECONDS", "1")
+    line = admission.backend_line if surface == "backend" else admission.component_line
+    before = {sb["id"] for sb in backend_env.sandboxes()}
+    line.enter(1, lambda *_: None)
+    try:
+        with pytest.raises(SandboxUnavailableError) as caught:
+            if surface == "backend":
+                backend.run("print('ran')")
+            else:
+                request = sandbox_run.RunRequest(
+                    "print('ran')",
+                    "python",
+                    False,
+                    False,
+                    False,
+                    30,
+                    sandbox_run.resolve_shape(None),
+                    "f",
+                    "c",
+                )
+                sandbox_run.run(request)
+    finally:
+        line.leave()
+    text = str(caught.value)
+    assert "CREATEOS_SANDBOX_MAX_GUESTS=1" in text and "CREATEOS_SANDBOX_MAX_WAIT_SECONDS" in text, text
+    assert "Nothing of it ran" in text
+    assert {sb["id"] for sb in backend_env.sandboxes()} == before
+    assert line.in_flight == 0 and line.waiting == 0

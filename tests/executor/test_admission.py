@@ -141,3 +141,132 @@ async def test_runs_beyond_the_limit_wait_in_line_and_say_so(
     assert len(said) == 2, logs
     assert all("CREATEOS_EXECUTOR_MAX_GUESTS=1" in text for text in said), said
     assert admission.executor_line.in_flight == 0 and admission.executor_line.waiting == 0
+
+
+async def test_a_run_that_waits_past_its_deadline_leaves_the_line() -> None:
+    line = admission.Line("test")
+    await line.enter(1, lambda *_: None)
+    behind = asyncio.create_task(line.enter(1, lambda *_: None))  # waits with no deadline
+    await asyncio.sleep(0.01)
+    with pytest.raises(admission.WaitedTooLong) as caught:
+        await line.enter(1, lambda *_: None, 0.2)
+    assert caught.value.ahead == 1 and caught.value.in_flight == 1
+    assert line.waiting == 1 and line.gave_up == 1
+    line.leave()  # to `behind`, the run still in line
+    await asyncio.wait_for(behind, 5)
+    line.leave()
+    assert line.in_flight == 0
+
+
+async def test_a_slot_handed_over_at_the_deadline_is_passed_on() -> None:
+    line = admission.Line("test")
+    await line.enter(1, lambda *_: None)
+    late = asyncio.create_task(line.enter(1, lambda *_: None, 0.05))
+    after = asyncio.create_task(line.enter(1, lambda *_: None))
+    await asyncio.sleep(0.01)
+    line.leave()  # granted to `late` (scheduled) ...
+    time.sleep(0.1)  # ... whose deadline passes before its loop runs the grant
+    try:
+        await late
+        line.leave()  # it got the slot in time after all: give it back
+    except admission.WaitedTooLong:
+        pass
+    await asyncio.wait_for(after, 5)
+    assert line.in_flight == 1
+    line.leave()
+    assert line.in_flight == 0 and line.waiting == 0
+
+
+async def test_spare_slots_go_to_the_pool_only_when_no_run_waits() -> None:
+    line = admission.Line("test")
+    spare: list[int] = []
+    line.when_spare(lambda: spare.append(line.in_flight))
+    assert line.try_enter_spare(2) and line.try_enter_spare(2)
+    assert not line.try_enter_spare(2)  # at the limit
+    waiter = asyncio.create_task(line.enter(2, lambda *_: None))
+    await asyncio.sleep(0.01)
+    line.leave()  # passes to the waiting run: no spare slot
+    await asyncio.wait_for(waiter, 5)
+    assert spare == []
+    line.leave()
+    assert spare == [1]  # a free slot nobody waited for
+    assert line.has_spare(2) and line.try_enter_spare(2)
+    line.leave()
+    line.leave()
+    assert line.in_flight == 0
+
+
+async def test_a_run_waiting_past_CREATEOS_EXECUTOR_MAX_WAIT_SECONDS_fails_before_any_guest(
+    executor: CreateOSExecutor, executor_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lfx.utils.sandbox.base import SandboxUnavailableError
+
+    monkeypatch.setenv("CREATEOS_EXECUTOR_MAX_GUESTS", "1")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_MAX_WAIT_SECONDS", "1")
+    before = {sb["id"] for sb in executor_env.sandboxes()}
+    await admission.executor_line.enter(1, lambda *_: None)  # the only slot, held by another "run"
+    try:
+        with pytest.raises(SandboxUnavailableError) as caught:
+            await asyncio.wait_for(drain(executor.execute(chat_unit("hello"))), 60)
+    finally:
+        admission.executor_line.leave()
+    text = str(caught.value)
+    assert "CREATEOS_EXECUTOR_MAX_GUESTS=1" in text and "CREATEOS_EXECUTOR_MAX_WAIT_SECONDS" in text, text
+    assert {sb["id"] for sb in executor_env.sandboxes()} == before
+    assert admission.executor_line.in_flight == 0 and admission.executor_line.waiting == 0
+
+
+async def test_pool_refills_hold_a_slot_and_never_make_a_run_wait_longer(
+    executor: CreateOSExecutor, executor_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CREATEOS_EXECUTOR_MAX_GUESTS=1 with a pool of 1: the refill does not start while a run
+    holds the only slot; once it is free the refill boots the guest holding the slot, a run
+    arriving meanwhile waits in line (says so) and then gets that warm guest. Never more than
+    one guest boots or runs at once."""
+    from langflow_sandbox_createos.core import connection, settings
+    from langflow_sandbox_createos.executor import pool as executor_pool
+
+    monkeypatch.setenv("CREATEOS_EXECUTOR_MAX_GUESTS", "1")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_WARM_POOL", "1")
+    line = admission.executor_line
+    peak = 0
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, line.in_flight)
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        await line.enter(1, lambda *_: None)  # a run holds the only slot
+        run, _ = executor_pool.take(connection.endpoints.get(), settings.executor_settings(), {})
+        assert run is None
+        pool = executor_pool.pool()
+        created = pool.stats()["created"]  # the process's pool: earlier tests' counts stay
+        await asyncio.sleep(1.5)
+        assert pool.stats()["pending"] == 0 and pool.stats()["created"] == created, pool.stats()
+        live = [sb for sb in executor_env.live_sandboxes() if sb["name"].startswith("lf-xw-")]
+        assert not live, live
+        line.leave()  # the refill may start now, and holds the slot while it warms
+        deadline = time.monotonic() + 30
+        while pool.stats()["pending"] == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert pool.stats()["pending"] == 1 and line.in_flight == 1, pool.stats()
+        logs: list[dict[str, Any]] = []
+        unit = chat_unit("after the refill")
+        unit.runtime_options["event_manager"] = _recording_manager(logs)
+        items = await drain(executor.execute(unit))
+        statuses = [i.payload for i in items if type(getattr(i, "payload", None)).__name__ == "GuestStatus"]
+        assert [s.pooled for s in statuses] == [True], statuses
+        assert any("waits in line" in str(log.get("message")) for log in logs), logs
+        assert type(items[-1]).__name__ == "RunComplete"
+        assert pool.wait_full(240), pool.stats()  # the run's take started the next refill
+    finally:
+        done.set()
+        watcher.join(5)
+        executor_pool.shutdown()
+    assert peak == 1, peak
+    assert line.in_flight == 0 and line.waiting == 0

@@ -53,6 +53,7 @@ VARS: tuple[Var, ...] = (
     Var("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", "int", ALL, 16 * MiB),
     Var("CREATEOS_SANDBOX_WARM_POOL", "int", ("backend",), 0),
     Var("CREATEOS_SANDBOX_MAX_GUESTS", "int", ("backend", *COMPONENT), settings.DEFAULT_SANDBOX_MAX_GUESTS),
+    Var("CREATEOS_SANDBOX_MAX_WAIT_SECONDS", "int", ("backend", *COMPONENT), settings.DEFAULT_MAX_WAIT_SECONDS),
     Var("CREATEOS_SANDBOX_REUSE_IDLE_SECONDS", "int", COMPONENT, settings.DEFAULT_REUSE_IDLE_SECONDS),
     Var("CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS", "int", ALL, 60),
     Var("CREATEOS_SANDBOX_API_KEY", "key", ALL, None),
@@ -66,6 +67,7 @@ VARS: tuple[Var, ...] = (
     Var("CREATEOS_EXECUTOR_LFX_VERSION", "free", ("executor",), None),
     Var("CREATEOS_EXECUTOR_ENV", "envnames", ("executor",), ()),
     Var("CREATEOS_EXECUTOR_MAX_GUESTS", "int", ("executor",), settings.DEFAULT_EXECUTOR_MAX_GUESTS),
+    Var("CREATEOS_EXECUTOR_MAX_WAIT_SECONDS", "int", ("executor",), settings.DEFAULT_MAX_WAIT_SECONDS),
 )
 ALL_NAMES = (*(v.name for v in VARS), "CREATEOS_API_KEY")
 
@@ -194,6 +196,7 @@ def test_blank_value_means_the_documented_default(var: Var, label: str, monkeypa
             "CREATEOS_EXECUTOR_LFX_VERSION": cfg.lfx_version,
             "CREATEOS_EXECUTOR_ENV": cfg.env_allowlist,
             "CREATEOS_EXECUTOR_MAX_GUESTS": cfg.max_guests,
+            "CREATEOS_EXECUTOR_MAX_WAIT_SECONDS": cfg.max_wait_seconds,
         }[var.name]
         assert got == var.default
         if var.name != "CREATEOS_SANDBOX_ROOTFS":
@@ -217,6 +220,7 @@ def test_blank_value_means_the_documented_default(var: Var, label: str, monkeypa
         "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES": cfg_b.max_output_bytes,
         "CREATEOS_SANDBOX_WARM_POOL": cfg_b.warm_pool,
         "CREATEOS_SANDBOX_MAX_GUESTS": cfg_b.max_guests,
+        "CREATEOS_SANDBOX_MAX_WAIT_SECONDS": cfg_b.max_wait_seconds,
     }[var.name]
     assert got_b == var.default
 

@@ -40,6 +40,7 @@ def code_defaults() -> dict[str, object]:
         "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES": lambda: backend.max_output_bytes,
         "CREATEOS_SANDBOX_WARM_POOL": lambda: backend.warm_pool,
         "CREATEOS_SANDBOX_MAX_GUESTS": lambda: backend.max_guests,
+        "CREATEOS_SANDBOX_MAX_WAIT_SECONDS": lambda: backend.max_wait_seconds,
         "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS": lambda: s.control_timeout(env),
         "CREATEOS_SANDBOX_REUSE_IDLE_SECONDS": lambda: s.reuse_idle_seconds(env),
         "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION": lambda: s.accept_local_isolation(env),
@@ -54,6 +55,7 @@ def code_defaults() -> dict[str, object]:
         "CREATEOS_EXECUTOR_WARM_POOL": lambda: executor.warm_pool,
         "CREATEOS_EXECUTOR_WARM_POOL_IDLE_SECONDS": lambda: executor.warm_pool_idle_seconds,
         "CREATEOS_EXECUTOR_MAX_GUESTS": lambda: executor.max_guests,
+        "CREATEOS_EXECUTOR_MAX_WAIT_SECONDS": lambda: executor.max_wait_seconds,
     }
     defaults = {}
     for name, read in readers.items():
