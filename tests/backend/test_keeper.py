@@ -21,24 +21,30 @@ from .conftest import sandbox_view
 IN_FLIGHT = """
 import threading
 from langflow_sandbox_createos.backend.engine import create_backend
-from langflow_sandbox_createos.core import connection, pool_keeper
+from langflow_sandbox_createos.core import connection
 backend = create_backend()
-if os.environ.get("CREATEOS_SANDBOX_WARM_POOL"):
+pooled = bool(os.environ.get("CREATEOS_SANDBOX_WARM_POOL"))
+if pooled:
     backend.run("print('warm-up')")  # goes cold and starts the pool
     assert backend._pool.wait_full(20)
-before = pool_keeper.keepers.held_ids()
-pooled = set(backend._pool.ready_ids())
+client = connection.endpoints.get().client
+LIVE = ("creating", "running")
+ready = set(backend._pool.ready_ids())
+before = {row["id"] for row in client.list(prefix="lf-") if row["status"] in LIVE}
 threading.Thread(target=backend.run, args=("import time\\ntime.sleep(120)",), daemon=True).start()
-while True:  # the run's guest: taken from the pool, or created and held
-    taken = pooled - set(backend._pool.ready_ids())
-    created = pool_keeper.keepers.held_ids() - before - set(backend._pool.ready_ids())
-    if taken or created:
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:  # the run's guest, as the pool or the control plane sees it
+    if pooled:
+        ours = ready - set(backend._pool.ready_ids())
+    else:
+        ours = {row["id"] for row in client.list(prefix="lf-") if row["status"] in LIVE} - before
+    if ours:
         break
-    time.sleep(0.01)
-if os.environ.get("CREATEOS_SANDBOX_WARM_POOL"):
+    time.sleep(0.05)
+if pooled:
     assert backend._pool.wait_full(20)  # no create of a refill in flight at the kill
 time.sleep(1.0)  # the exec is under way
-report(run=sorted(taken or created))
+report(run=sorted(ours))
 die(HOW)
 """
 

@@ -17,7 +17,6 @@ from .conftest import USER_ID
 RUN = """
 import threading
 from langflow_sandbox_createos.component import engine
-from langflow_sandbox_createos.core import pool_keeper
 
 def request(program, session_mode="off"):
     fields = {"python_code": program, "session_mode": session_mode, "timeout_seconds": 150}
@@ -27,12 +26,19 @@ def request(program, session_mode="off"):
 IN_FLIGHT = (
     RUN
     + """
-before = pool_keeper.keepers.held_ids()
+from langflow_sandbox_createos.core import connection
+client = connection.endpoints.get().client
+LIVE = ("creating", "running")
+before = {row["id"] for row in client.list(prefix="lf-c-") if row["status"] in LIVE}
 threading.Thread(target=engine.run, args=(request("import time\\ntime.sleep(120)"),), daemon=True).start()
-while not pool_keeper.keepers.held_ids() - before:
-    time.sleep(0.01)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:  # the run's guest, as the control plane sees it
+    ours = {row["id"] for row in client.list(prefix="lf-c-") if row["status"] in LIVE} - before
+    if ours:
+        break
+    time.sleep(0.05)
 time.sleep(1.0)  # the exec is under way
-report(run=sorted(pool_keeper.keepers.held_ids() - before))
+report(run=sorted(ours))
 die(HOW)
 """
 )
