@@ -16,10 +16,11 @@ files are to be returned, runs the program under `timeout --signal=KILL N` from
 `/tmp/.createos-out/` before it exits (and so releases the lock). The archive is downloaded
 with a byte cap, read by `artifacts.extract` within its byte and time budgets, and removed.
 
-Every guest a run creates is held in the process's `pool_keeper` until it is deleted: a
-run's own guest until the run's end, a reused guest for as long as it is kept (until idle
-expiry, the sweep or a reap deletes it). A process that ends without deleting them, however
-it ends, leaves them to the keeper, which deletes them.
+A run's own guest (Guest Reuse off) is held in the process's `pool_keeper` from its create
+until its delete: a process that ends mid-run, however it ends, leaves it to the keeper, which
+deletes it. A reused guest is not held: it outlives the run and the process on purpose (other
+workers of the same flow share it; the product page's "Before you turn Guest Reuse on"), and
+idle expiry, the sweep, auto-pause and `reap` bound it.
 """
 
 from __future__ import annotations
@@ -525,9 +526,8 @@ def acquire_reused_guest(
     lookup runs again and adopts its guest. A guest idle longer than `idle_limit` seconds is
     deleted instead of used (its id appended to `expired`), and a fresh one is created.
 
-    A guest created here is held in the pool keeper for as long as it is kept (until it is
-    deleted, or seen gone): when this process ends, however it ends, the keeper deletes it.
-    One adopted from another worker stays that worker's to hold."""
+    A guest created here is not held in the pool keeper: other workers may be using it when
+    this process ends (idle expiry, the sweep, auto-pause and reap bound it)."""
     client: Any = endpoint.client
     deadline = time.monotonic() + GUEST_READY_SECONDS
     attempt = 0
@@ -538,7 +538,6 @@ def acquire_reused_guest(
             try:
                 record = client.get(cached)
             except native.NotFoundError:
-                pool_keeper.release(cached)  # deleted elsewhere (a reap): nothing left to hold
                 record = None
             if record is not None and (record.get("name") != name or record.get("status") in TERMINAL):
                 record = None
@@ -553,7 +552,6 @@ def acquire_reused_guest(
             except native.ConflictError:
                 logger.debug("guest name %s was taken concurrently; adopting the winner", name)
             else:
-                pool_keeper.hold(endpoint, created["id"])
                 guest_ids.remember(name, created["id"])
                 return created, False
         elif record.get("status") != "destroying":

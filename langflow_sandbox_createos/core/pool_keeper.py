@@ -1,10 +1,11 @@
 """No guest outlives its process: a keeper process deletes what a dead process left behind.
 
-Every guest this process creates, on every surface (the backend's and the component's runs,
-the executor's runs, the warm pools, the component's reused guests), is *held* from the moment
+Every guest this process creates for a run or a pool (the backend's and the component's runs,
+the executor's runs, the warm pools) is *held* from the moment
 its create returned an id until its delete succeeded or answered 404: :func:`hold` and
 :func:`delete` (or :func:`release`, where the delete happened elsewhere: the native client's
-background queue). A delete that fails otherwise leaves the guest held.
+background queue). A delete that fails otherwise leaves the guest held. The component's
+reused guests are not held: they outlive the process on purpose, shared by other workers.
 
 Runs and pools delete their guests themselves, and a warm pool also at ``shutdown()`` and
 interpreter exit. None of that runs when the process is killed, or leaves through
@@ -12,7 +13,7 @@ interpreter exit. None of that runs when the process is killed, or leaves throug
 ``multiprocessing`` child, whose workers exit with ``os._exit`` (atexit handlers never run),
 and gunicorn's quick shutdown (SIGINT, Ctrl-C) sends its workers SIGQUIT, which uvicorn leaves
 at the default action (the process dies on the spot). Each such stop left the guests of runs
-in flight, pooled guests and reused guests running on the control plane.
+in flight and pooled guests running on the control plane.
 
 So each process starts, per endpoint, one keeper: a small child process in a session of its
 own (a Ctrl-C to the terminal's process group does not reach it) that reads ``+<id>`` /

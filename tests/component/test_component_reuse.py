@@ -51,11 +51,9 @@ def test_three_runs_share_one_guest(component_cls: type, reuse_env: LocalControl
     assert guest["id"] == runs[0]["sandbox_id"] and guest["status"] == "running"
 
 
-def test_another_worker_finds_the_guest_by_name(component_cls: type, reuse_env: LocalControlPlane) -> None:
-    """(A restarted worker no longer does: the guest went with the process that created it,
-    tests/component/test_keeper.py.)"""
+def test_reuse_survives_a_worker_restart(component_cls: type, reuse_env: LocalControlPlane) -> None:
     first = reuse(component_cls)
-    sandbox_run.guest_ids.clear()  # another process knows nothing: it finds the guest by name
+    sandbox_run.guest_ids.clear()  # a new process knows nothing: it finds the guest by name
     second = reuse(component_cls)
     assert second["sandbox_id"] == first["sandbox_id"] and second["result"] == "2"
 

@@ -127,14 +127,13 @@ def test_idle_guest_is_deleted_at_its_next_use(
     component_cls: type, scoped: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = alice_idle_past_lifetime(component_cls, monkeypatch)
-    assert first["sandbox_id"] in pool_keeper.keepers.held_ids()  # kept, and held while kept
+    assert first["sandbox_id"] not in pool_keeper.keepers.held_ids()  # kept for other workers too
     second = visit(component_cls, "alice2", user_id=ALICE)
     assert second["sandbox_id"] != first["sandbox_id"] and second["reused_guest"] is False
     assert first["sandbox_id"] in second["reuse_notice"]
     assert second["result"] == "visitor-alice2"  # nothing of the expired guest carried over
     assert client().get(first["sandbox_id"])["status"] in ("destroying", "destroyed")
-    assert first["sandbox_id"] not in pool_keeper.keepers.held_ids()  # deleted: released
-    assert second["sandbox_id"] in pool_keeper.keepers.held_ids()
+    assert second["sandbox_id"] not in pool_keeper.keepers.held_ids()
 
 
 def test_a_paused_guest_within_its_lifetime_is_kept(component_cls: type, scoped: LocalControlPlane) -> None:
@@ -153,5 +152,4 @@ def test_reused_runs_sweep_other_idle_guests(
     bob = visit(component_cls, "bob", user_id=BOB)
     assert bob["exit_code"] == 0
     assert client().get(alice["sandbox_id"])["status"] in ("destroying", "destroyed")
-    assert alice["sandbox_id"] not in pool_keeper.keepers.held_ids()  # swept: released
     assert client().get(bob["sandbox_id"])["status"] == "running"
