@@ -10,7 +10,9 @@ One run is, after the first: create the guest, then one streaming exec whose std
 program and whose shell writes it under ``/workspace`` and runs it under the guest's own
 ``timeout``. The delete is queued on the native client's I/O thread, off the critical path.
 With ``CREATEOS_SANDBOX_WARM_POOL=N`` the guest comes from a pool booted ahead of need
-(:mod:`warm_pool`), so the critical path is the exec alone.
+(:mod:`warm_pool`), so the critical path is the exec alone. Either way the guest is held in
+the process's :mod:`pool_keeper` from its create until its delete is reported done, so a
+process killed mid-run leaves it to the keeper instead of the control plane.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from langflow_sandbox_createos.core import (
     failures,
     guest_spec,
     network,
+    pool_keeper,
     program_clock,
     settings,
     shape_catalog,
@@ -185,9 +188,10 @@ class CreateOSBackend:
                     )
                 except (native.NotFoundError, native.ConflictError):
                     self._pool.note_stale(pool_key, warm)  # type: ignore[arg-type]
-                    result = client.run_program(create, *run_args, **run_kwargs)
-            else:
-                result = client.run_program(create, *run_args, **run_kwargs)
+                    warm = None
+            if warm is None:
+                cold = _create_held(endpoint, create)
+                result = client.run_program(create, *run_args, sandbox_id=cold, **run_kwargs)
         except native.CreateOSError as exc:
             failures.reap_lost_create(client, create["name"], exc)
             error = failures.to_lfx_error(exc, "run the program on a CreateOS guest")
@@ -249,6 +253,17 @@ class CreateOSBackend:
 
 
 # --- one run, step by step -----------------------------------------------------------------
+
+
+def _create_held(endpoint: connection.Endpoint, create: dict[str, Any]) -> str:
+    """Create the run's guest and hold it in the pool keeper at once (run_program then adopts
+    it), so a process killed mid-run leaves it to the keeper. The delete run_program queues
+    in the background releases it once its outcome says the guest is gone
+    (``failures.log_delete_outcomes``); a failed one leaves it held."""
+    client: Any = endpoint.client
+    sandbox_id = str(client.create(create)["id"])
+    pool_keeper.hold(endpoint, sandbox_id)
+    return sandbox_id
 
 
 def _announce_wait(ahead: int, in_flight: int) -> None:

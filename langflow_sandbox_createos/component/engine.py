@@ -15,6 +15,12 @@ files are to be returned, runs the program under `timeout --signal=KILL N` from
 `/workspace/artifacts` and moves the archive out of the run directory into
 `/tmp/.createos-out/` before it exits (and so releases the lock). The archive is downloaded
 with a byte cap, read by `artifacts.extract` within its byte and time budgets, and removed.
+
+A run's own guest (Guest Reuse off) is held in the process's `pool_keeper` from its create
+until its delete: a process that ends mid-run, however it ends, leaves it to the keeper, which
+deletes it. A reused guest is not held: it outlives the run and the process on purpose (other
+workers of the same flow share it; the product page's "Before you turn Guest Reuse on"), and
+idle expiry, the sweep, auto-pause and `reap` bound it.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from langflow_sandbox_createos.core import (
     failures,
     guest_spec,
     network,
+    pool_keeper,
     program_clock,
     settings,
     shape_catalog,
@@ -502,7 +509,7 @@ def _check_drift(record: dict[str, Any], wanted: tuple[str, ...], allow_network:
 
 
 def acquire_reused_guest(
-    client: Any,
+    endpoint: connection.Endpoint,
     native: Any,
     name: str,
     spec: dict[str, Any],
@@ -517,7 +524,11 @@ def acquire_reused_guest(
     Tries the id this process remembers (one GET), then a full, paginated lookup by name,
     then a create; a duplicate-name conflict means another worker won the race, so the
     lookup runs again and adopts its guest. A guest idle longer than `idle_limit` seconds is
-    deleted instead of used (its id appended to `expired`), and a fresh one is created."""
+    deleted instead of used (its id appended to `expired`), and a fresh one is created.
+
+    A guest created here is not held in the pool keeper: other workers may be using it when
+    this process ends (idle expiry, the sweep, auto-pause and reap bound it)."""
+    client: Any = endpoint.client
     deadline = time.monotonic() + GUEST_READY_SECONDS
     attempt = 0
     while True:
@@ -582,8 +593,7 @@ def _delete_expired(client: Any, native: Any, record: dict[str, Any], limit: flo
         idle_seconds(record) or 0.0,
         limit,
     )
-    with contextlib.suppress(native.NotFoundError):  # already gone: as good
-        client.delete(sandbox_id)
+    pool_keeper.delete(client, sandbox_id)  # already gone (404) is as good
 
 
 class _Sweeper:
@@ -814,7 +824,7 @@ def _upload_and_exec(
 
 
 def _run_reused(
-    client: Any,
+    endpoint: connection.Endpoint,
     native: Any,
     req: RunRequest,
     spec: dict[str, Any],
@@ -825,6 +835,7 @@ def _run_reused(
     note: Callable[[str], None],
     idle_limit: int,
 ) -> RunOutcome:
+    client: Any = endpoint.client
     name = str(spec["name"])
     if sweeper.due():
         phase.action = "delete idle reused guests"
@@ -833,7 +844,7 @@ def _run_reused(
     note(f"Finding guest {name}…")
     expired: list[str] = []
     record, reused = acquire_reused_guest(
-        client, native, name, spec, egress, req.allow_network, idle_limit=idle_limit, expired=expired
+        endpoint, native, name, spec, egress, req.allow_network, idle_limit=idle_limit, expired=expired
     )
     sandbox_id = str(record["id"])
     wanted_pause = int(spec["auto_pause_after_seconds"])
@@ -865,7 +876,7 @@ def _run_reused(
 
 
 def _run_fresh(
-    client: Any,
+    endpoint: connection.Endpoint,
     native: Any,
     req: RunRequest,
     spec: dict[str, Any],
@@ -874,51 +885,39 @@ def _run_fresh(
     phase: _Phase,
     note: Callable[[str], None],
 ) -> RunOutcome:
+    client: Any = endpoint.client
     program = build_program(req, lock=False)
     spec = {**spec, "name": guest_spec.random_name(NAME_PREFIX)}
-    if not req.collect:
-        phase.action = "run the program on a new guest"
-        note("Running on a new guest…")
-        try:
-            result = client.run_program(
-                spec,
-                "/bin/sh",
-                program.argv,
-                files=program.files,
-                stdin=program.stdin,
-                timeout=program.exec_timeout,
-                max_output_bytes=max_output,
-                on_output=on_output,
-                delete="wait",
-            )
-        except native.CreateOSError as exc:
-            failures.reap_lost_create(client, spec["name"], exc)
-            raise
-        finally:
-            # a delete that failed is retried by the native client in the background: log the
-            # outcomes finished so far (the rest: the next run, or process exit)
-            failures.log_delete_outcomes(client, 0.0, logger)
-        return _outcome(result, req, result.sandbox_id, False)
     phase.action = "create a guest"
     note("Creating a guest…")
-    try:
-        sandbox_id = str(client.create(spec)["id"])
-    except native.CreateOSError as exc:
-        failures.reap_lost_create(client, spec["name"], exc)
-        raise
+    sandbox_id = _create_held(endpoint, native, spec)
     try:
         phase.action = f"run the program on guest {sandbox_id}"
         note(f"Running on new guest {sandbox_id}…")
         result = _upload_and_exec(client, sandbox_id, program, max_output, on_output)
         outcome = _outcome(result, req, sandbox_id, False)
-        note("Collecting files…")
-        _collect(client, native, sandbox_id, program, outcome, lambda fn: fn())
+        if req.collect:
+            note("Collecting files…")
+            _collect(client, native, sandbox_id, program, outcome, lambda fn: fn())
         return outcome
     finally:
         try:
-            client.delete(sandbox_id)
-        except native.CreateOSError as exc:  # auto-pause still bounds its cost
+            pool_keeper.delete(client, sandbox_id)
+        except native.CreateOSError as exc:  # still held: the keeper tries again at exit
             logger.warning("could not delete guest %s: %s", sandbox_id, failures.describe(exc))
+
+
+def _create_held(endpoint: connection.Endpoint, native: Any, spec: dict[str, Any]) -> str:
+    """Create a run's own guest and hold it in the pool keeper until it is deleted, so a
+    process killed mid-run leaves it to the keeper."""
+    client: Any = endpoint.client
+    try:
+        sandbox_id = str(client.create(spec)["id"])
+    except native.CreateOSError as exc:
+        failures.reap_lost_create(client, spec["name"], exc)
+        raise
+    pool_keeper.hold(endpoint, sandbox_id)
+    return sandbox_id
 
 
 def run(
@@ -944,7 +943,6 @@ def run(
     max_output = _max_output_bytes()  # every setting is judged before a guest exists
     endpoint = connection.endpoints.get()
     native = load_native()
-    client = endpoint.client
     shapes = shape_catalog.catalog(endpoint)
     if req.shape not in {shape_id for _, shape_id in shapes}:
         raise SandboxUnavailableError(
@@ -980,11 +978,11 @@ def run(
             busy = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
             spec = _spec(endpoint, req, rootfs, egress, busy)
             outcome = _run_reused(
-                client, native, req, spec, egress, max_output, on_output, phase, note, idle_limit
+                endpoint, native, req, spec, egress, max_output, on_output, phase, note, idle_limit
             )
         else:
             spec = _spec(endpoint, req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
-            outcome = _run_fresh(client, native, req, spec, max_output, on_output, phase, note)
+            outcome = _run_fresh(endpoint, native, req, spec, max_output, on_output, phase, note)
             outcome.reuse_notice = notice
     except native.CreateOSError as exc:
         raise failures.to_lfx_error(exc, phase.action) from None

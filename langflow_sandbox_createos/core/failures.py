@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
+from langflow_sandbox_createos.core import pool_keeper
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import SettingsError
 
@@ -130,7 +131,8 @@ def reap_lost_create(client: object, name: str, exc: BaseException) -> None:
 
 def log_delete_outcomes(client: object, timeout: float, log: logging.Logger = logger) -> None:
     """Log the outcome of every background delete that finished (never the key): the
-    backend's deletes and those the native client retried for the component."""
+    backend's deletes and those the native client retried. A guest that is gone is released
+    from the pool keeper; one whose delete failed stays held, for the keeper to try at exit."""
     try:
         outcomes = client.drain_deletes(timeout)  # type: ignore[attr-defined]
     except Exception:  # collecting outcomes must never fail a run
@@ -138,6 +140,7 @@ def log_delete_outcomes(client: object, timeout: float, log: logging.Logger = lo
         return
     for sandbox_id, status, error in outcomes:
         if error is None and (status is None or 200 <= status < 300 or status == 404):
+            pool_keeper.release(sandbox_id)
             log.debug("CreateOS: deleted guest %s (HTTP %s)", sandbox_id, status)
         else:
             log.warning(

@@ -1,18 +1,27 @@
-"""A pooled guest outlives nothing: a keeper process deletes what a dead process left pooled.
+"""No guest outlives its process: a keeper process deletes what a dead process left behind.
 
-A warm pool deletes its guests at ``shutdown()`` and at interpreter exit. Neither runs when
-the process is killed, or leaves through ``os._exit``, which is how a server usually ends:
-Langflow runs gunicorn inside a ``multiprocessing`` child, whose workers exit with
-``os._exit`` (atexit handlers never run), and gunicorn's quick shutdown (SIGINT, Ctrl-C)
-sends its workers SIGQUIT, which uvicorn leaves at the default action (the process dies on
-the spot). Each such stop left every pooled guest running on the control plane.
+Every guest this process creates for a run or a pool (the backend's and the component's runs,
+the executor's runs, the warm pools) is *held* from the moment
+its create returned an id until its delete succeeded or answered 404: :func:`hold` and
+:func:`delete` (or :func:`release`, where the delete happened elsewhere: the native client's
+background queue). A delete that fails otherwise leaves the guest held. The component's
+reused guests are not held: they outlive the process on purpose, shared by other workers.
 
-So each process that pools guests of an endpoint starts one keeper: a small child process in
-a session of its own (a Ctrl-C to the terminal's process group does not reach it) that reads
-``+<id>`` / ``-<id>`` lines on a pipe. The pool writes ``+`` when a guest is created and
-``-`` when a run takes it or it is deleted. When the pipe reaches end of file (the process
-ended, however it ended) the keeper deletes every guest still held, says so on stderr and
-exits. A clean shutdown leaves it nothing to do.
+Runs and pools delete their guests themselves, and a warm pool also at ``shutdown()`` and
+interpreter exit. None of that runs when the process is killed, or leaves through
+``os._exit``, which is how a server usually ends: Langflow runs gunicorn inside a
+``multiprocessing`` child, whose workers exit with ``os._exit`` (atexit handlers never run),
+and gunicorn's quick shutdown (SIGINT, Ctrl-C) sends its workers SIGQUIT, which uvicorn leaves
+at the default action (the process dies on the spot). Each such stop left the guests of runs
+in flight and pooled guests running on the control plane.
+
+So each process starts, per endpoint, one keeper: a small child process in a session of its
+own (a Ctrl-C to the terminal's process group does not reach it) that reads ``+<id>`` /
+``-<id>`` lines on a pipe (``+`` at :func:`hold`, ``-`` at release). When the pipe reaches end
+of file (the process ended, however it ended) the keeper deletes every guest still held, says
+so on stderr and exits. A process that deleted its guests leaves it nothing to do. A fork
+child forgets the parent's keepers and what they hold (``os.register_at_fork``): it never
+deletes the parent's guests, and starts keepers of its own for the guests it creates.
 
 The key reaches the keeper through its environment, never its argv. The keeper imports only
 the native client.
@@ -27,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from langflow_sandbox_createos.core.connection import Endpoint
@@ -81,8 +90,8 @@ class Keeper:
         except OSError as exc:
             os.close(write_end)
             logger.warning(
-                "CreateOS warm pool: could not start the guest keeper (%s); pooled guests of a killed "
-                "process are then left to auto-pause",
+                "CreateOS: could not start the guest keeper (%s); the guests of a killed process are "
+                "then left to auto-pause",
                 exc,
             )
         finally:
@@ -126,11 +135,13 @@ class Keeper:
 
 
 class _Keepers:
-    """This process's keepers, one per endpoint (base URL and key digest)."""
+    """This process's keepers, one per endpoint (base URL and key digest), and which keeper
+    holds which guest (a delete knows only the guest's id)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_endpoint: dict[tuple[str, str], Keeper] = {}
+        self._held: dict[str, Keeper] = {}
 
     def for_endpoint(self, endpoint: Endpoint) -> Keeper:
         """The keeper for this endpoint (base URL and key digest), started on first use with the
@@ -142,23 +153,74 @@ class _Keepers:
                 self._by_endpoint[(endpoint.base_url, endpoint.key_digest)] = keeper
             return keeper
 
+    def hold(self, endpoint: Endpoint, sandbox_id: str) -> None:
+        if not _one_line(sandbox_id):  # ids are short ASCII tokens; anything else would garble the pipe
+            logger.warning("CreateOS: guest id %r cannot be told to the guest keeper", sandbox_id)
+            return
+        keeper = self.for_endpoint(endpoint)
+        # the map and the line change together: a release racing this hold cannot reach the
+        # keeper before the `+` it undoes
+        with self._lock:
+            self._held[sandbox_id] = keeper
+            keeper.hold(sandbox_id)
+
+    def release(self, sandbox_id: str) -> None:
+        with self._lock:
+            keeper = self._held.pop(sandbox_id, None)
+            if keeper is not None:
+                keeper.release(sandbox_id)
+
+    def held_ids(self) -> set[str]:
+        """The guests a keeper of this process would delete if it ended now (tests, logs)."""
+        with self._lock:
+            return set(self._held)
+
     def close_all(self) -> None:
         with self._lock:
             keepers = list(self._by_endpoint.values())
             self._by_endpoint.clear()
+            self._held.clear()
         for keeper in keepers:
             keeper.close()
 
     def forget_after_fork(self) -> None:
         for keeper in self._by_endpoint.values():
             keeper.forget_after_fork()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # another thread of the parent may have held it at fork
         self._by_endpoint = {}
+        self._held = {}  # the parent's keepers hold the parent's guests
+
+
+def _one_line(sandbox_id: str) -> bool:
+    return bool(sandbox_id) and sandbox_id.isascii() and sandbox_id.isprintable() and " " not in sandbox_id
 
 
 keepers = _Keepers()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=keepers.forget_after_fork)
+
+
+def hold(endpoint: Endpoint, sandbox_id: str) -> None:
+    """Call as soon as a create returned ``sandbox_id``: from now until the guest is deleted,
+    the endpoint's keeper deletes it if this process ends first. Never raises."""
+    keepers.hold(endpoint, sandbox_id)
+
+
+def release(sandbox_id: str) -> None:
+    """The guest is gone (deleted, or 404): the keeper forgets it. A no-op for an id this
+    process does not hold (another process's guest, or one released already)."""
+    keepers.release(sandbox_id)
+
+
+def delete(client: Any, sandbox_id: str) -> None:
+    """Delete a guest and release it once it is gone (deleted, or already gone: 404). Any
+    other failure raises, and the guest stays held: the keeper tries again at exit."""
+    try:
+        client.delete(sandbox_id)
+    except Exception as exc:
+        if getattr(exc, "status", None) != 404:
+            raise
+    release(sandbox_id)
 
 
 # --- the keeper process ---------------------------------------------------------------------
@@ -204,7 +266,7 @@ def main() -> int:
             else:
                 failed.append(sandbox_id)
     print(
-        f"langflow-sandbox-createos: the process that pooled {len(held)} guest(s) ended without deleting "
+        f"langflow-sandbox-createos: the process that created {len(held)} guest(s) ended without deleting "
         f"them; deleted {deleted}"
         + (f", could not delete {', '.join(failed)} (auto-pause bounds their cost)" if failed else "")
         + f" (keeper of pid {owner})",

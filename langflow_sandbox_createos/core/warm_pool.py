@@ -24,10 +24,12 @@ Design points (docs/performance.md has the costs):
 - **Bounded idle cost.** Each guest carries the auto-pause backstop. A pool that has not been
   used for one auto-pause window stops replacing guests that expire, so an idle process
   drains its pool instead of churning guests forever.
-- **Lifecycle.** ``shutdown()`` and process exit (atexit) delete every pooled guest. A process
-  that ends without either (killed, SIGQUIT, ``os._exit`` as gunicorn's workers do) leaves
-  them to its :mod:`pool_keeper`, which deletes every guest still pooled. A fork child
-  forgets the parent's pool (never touching the parent's guests); it builds its own.
+- **Lifecycle.** ``shutdown()`` and process exit (atexit) delete every pooled guest. Each
+  guest is held in its endpoint's :mod:`pool_keeper` from its create until it is deleted,
+  also after a run took it (the run deletes it and releases it then), so a process that ends
+  without shutdown or atexit (killed, SIGQUIT, ``os._exit`` as gunicorn's workers do) leaves
+  them to the keeper. A fork child forgets the parent's pool (never touching the parent's
+  guests); it builds its own.
 - **Warmers.** A pool may be given a :class:`Warmer` that prepares each new guest further
   (the executor starts its guest runner and waits until lfx is loaded) and holds a handle
   for it; a guest whose handle reports it unusable is discarded at ``take`` without a request.
@@ -184,7 +186,9 @@ class WarmPool:
         return guest.sandbox_id if guest is not None else None
 
     def take_guest(self, key: GuestSpec, client: Any, target: int) -> _Guest | None:
-        """Like :meth:`take`, with the warmer's handle. The caller owns the guest from here."""
+        """Like :meth:`take`, with the warmer's handle. The caller owns the guest from here and
+        deletes it; it stays held in the pool keeper until then (:func:`pool_keeper.delete`, or
+        :func:`pool_keeper.release` once a delete elsewhere succeeded)."""
         now = time.monotonic()
         with self._cond:
             pool = self._pools.get(key)
@@ -210,8 +214,7 @@ class WarmPool:
             if guest is not None:
                 self._counters["taken"] += 1
             self._wake_workers_locked()
-        if guest is not None:
-            _release_id(guest.sandbox_id)  # the run owns it now, and deletes it
+        # the guest stays held: the run that took it deletes it (and releases it then)
         return guest
 
     def note_stale(self, key: GuestSpec, sandbox_id: str) -> None:
@@ -344,7 +347,7 @@ class WarmPool:
         try:
             view = pool.client.create(key.create_request(name))
             sandbox_id = view["id"]
-            _hold(key, sandbox_id)
+            pool_keeper.hold(key.endpoint, sandbox_id)
             if self._warmer is not None:
                 with self._cond:
                     self._warming[sandbox_id] = pool.client  # shutdown deletes it mid-warm-up
@@ -398,20 +401,15 @@ class WarmPool:
             except Exception:  # deleting the guest is what matters
                 logger.debug("warm pool: discarding a handle failed", exc_info=True)
         try:
-            client.delete(sandbox_id)
-            _release_id(sandbox_id)
-        except Exception as exc:
-            if getattr(exc, "status", None) == 404:
-                _release_id(sandbox_id)
-                ok = True
-            else:
-                ok = False
-                logger.warning(
-                    "CreateOS warm pool: could not delete guest %s: %s. Auto-pause bounds its cost; "
-                    "delete leftover lf-w-* sandboxes.",
-                    sandbox_id,
-                    exc,
-                )
+            pool_keeper.delete(client, sandbox_id)
+        except Exception as exc:  # still held: the keeper tries again when this process ends
+            ok = False
+            logger.warning(
+                "CreateOS warm pool: could not delete guest %s: %s. Auto-pause bounds its cost; "
+                "delete leftover lf-w-* sandboxes.",
+                sandbox_id,
+                exc,
+            )
         else:
             ok = True
         with self._cond:
@@ -478,25 +476,6 @@ def _delete_all(pool: WarmPool, doomed: list[tuple[Any, str, Any]], deadline: fl
         )
 
 
-# Which keeper holds which pooled guest (the id alone reaches _delete).
-_held: dict[str, pool_keeper.Keeper] = {}
-_held_lock = threading.Lock()
-
-
-def _hold(key: GuestSpec, sandbox_id: str) -> None:
-    keeper = pool_keeper.keepers.for_endpoint(key.endpoint)
-    with _held_lock:
-        _held[sandbox_id] = keeper
-    keeper.hold(sandbox_id)
-
-
-def _release_id(sandbox_id: str) -> None:
-    with _held_lock:
-        keeper = _held.pop(sandbox_id, None)
-    if keeper is not None:
-        keeper.release(sandbox_id)
-
-
 def env_keys(env: Mapping[str, str] | Iterable[str] | None) -> tuple[str, ...]:
     return tuple(sorted(env or ()))
 
@@ -511,10 +490,7 @@ def _shutdown_all() -> None:
 
 def _forget_all_after_fork() -> None:
     for pool in list(_live_pools):
-        pool.forget_after_fork()
-    global _held_lock
-    _held_lock = threading.Lock()  # another thread of the parent may have held it at fork
-    _held.clear()  # the parent's keeper holds the parent's guests
+        pool.forget_after_fork()  # pool_keeper forgets the parent's held guests on its own
 
 
 atexit.register(_shutdown_all)

@@ -15,7 +15,7 @@ from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import budget, connection, failures, guest_spec
+from langflow_sandbox_createos.core import budget, connection, failures, guest_spec, pool_keeper
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, spec_mac, tail
@@ -135,6 +135,8 @@ class _Run:
         sandbox_id = created.get("id") if isinstance(created, dict) else None
         if not isinstance(sandbox_id, str):
             raise SandboxExecutionError(f"CreateOS: create answered without a sandbox id: {created!r}")
+        # held until delete_blocking: if this process is killed first, its keeper deletes it
+        pool_keeper.hold(self.endpoint, sandbox_id)
         return sandbox_id
 
     async def create(self) -> None:
@@ -152,12 +154,14 @@ class _Run:
             raise
 
     def delete_blocking(self) -> None:
+        """Delete the guest once; released from the pool keeper when it is gone (a failed
+        delete leaves it held, so the keeper tries again when this process ends)."""
         with self._delete_lock:
             if self._deleted or self.sandbox_id is None:
                 return
             self._deleted = True
         try:
-            self.client.delete(self.sandbox_id)
+            pool_keeper.delete(self.client, self.sandbox_id)
         except Exception as exc:
             logger.warning(
                 "CreateOS executor: could not delete guest %s (%s); auto-pause after %s s bounds it",

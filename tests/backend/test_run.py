@@ -13,7 +13,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError, SandboxResult
 
 from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.backend.engine import CreateOSBackend
-from langflow_sandbox_createos.core import budget
+from langflow_sandbox_createos.core import budget, pool_keeper
 
 from .conftest import sandbox_ids, undeleted_guests
 
@@ -219,7 +219,9 @@ def test_delete_failure_is_logged_and_does_not_fail_the_run(
     assert backend_env.api_key not in caplog.text
     backend_env.clear_faults()
     (left,) = undeleted_guests(backend_env)  # the guest whose delete failed
+    assert left["id"] in pool_keeper.keepers.held_ids()  # still held: the keeper tries at exit
     backend_env.delete_sandbox(left["id"])  # so the cp fixture's check holds
+    pool_keeper.release(left["id"])
 
 
 def test_infrastructure_faults_mid_run_are_execution_errors(

@@ -18,7 +18,7 @@ from lfx.graph.graph.base import Graph
 
 import langflow_sandbox_createos
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import connection
+from langflow_sandbox_createos.core import connection, pool_keeper
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 PACKAGE_DIR = Path(langflow_sandbox_createos.__file__).resolve().parent
@@ -66,6 +66,7 @@ def reuse_env(env: LocalControlPlane) -> Iterator[LocalControlPlane]:
     for sb in env.live_sandboxes():
         if sb["id"] not in before and sb["status"] != "destroying":
             env.delete_sandbox(sb["id"])
+            pool_keeper.release(sb["id"])  # gone: this process's keeper has nothing to delete
     sandbox_run.guest_ids.clear()
     assert env.wait_until_no_live(timeout=10.0) == []
 

@@ -12,7 +12,7 @@ import pytest
 from waiting import wait_status
 
 from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import network
+from langflow_sandbox_createos.core import network, pool_keeper
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 from .conftest import REUSE_PREFIX, client, run_flow
@@ -127,11 +127,13 @@ def test_idle_guest_is_deleted_at_its_next_use(
     component_cls: type, scoped: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = alice_idle_past_lifetime(component_cls, monkeypatch)
+    assert first["sandbox_id"] not in pool_keeper.keepers.held_ids()  # kept for other workers too
     second = visit(component_cls, "alice2", user_id=ALICE)
     assert second["sandbox_id"] != first["sandbox_id"] and second["reused_guest"] is False
     assert first["sandbox_id"] in second["reuse_notice"]
     assert second["result"] == "visitor-alice2"  # nothing of the expired guest carried over
     assert client().get(first["sandbox_id"])["status"] in ("destroying", "destroyed")
+    assert second["sandbox_id"] not in pool_keeper.keepers.held_ids()
 
 
 def test_a_paused_guest_within_its_lifetime_is_kept(component_cls: type, scoped: LocalControlPlane) -> None:

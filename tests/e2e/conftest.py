@@ -227,7 +227,7 @@ class LangflowServer:
 
 
 KEEPER_LINE = re.compile(
-    r"the process that pooled (\d+) guest\(s\) ended without deleting them; deleted (\d+)"
+    r"the process that created (\d+) guest\(s\) ended without deleting them; deleted (\d+)"
 )
 
 
