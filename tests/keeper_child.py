@@ -37,6 +37,15 @@ PRELUDE = textwrap.dedent(
         fields.update(keeper=keeper.pid, held=sorted(pool_keeper.keepers.held_ids()))
         print(json.dumps(fields), flush=True)
 
+    def wait_held(ids, seconds=60):
+        # a guest seen on the control plane may still be inside its create call (it is held
+        # once the create returns): wait for that, or give up and let the test's assert say it
+        from langflow_sandbox_createos.core import pool_keeper
+
+        deadline = time.monotonic() + seconds
+        while not set(ids) <= pool_keeper.keepers.held_ids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def die(how):
         if how == "exit":
             return

@@ -43,6 +43,7 @@ while time.monotonic() < deadline:  # the run's guest, as the pool or the contro
     time.sleep(0.05)
 if pooled:
     assert backend._pool.wait_full(20)  # no create of a refill in flight at the kill
+wait_held(ours)  # the create has returned
 time.sleep(1.0)  # the exec is under way
 report(run=sorted(ours))
 die(HOW)

@@ -36,6 +36,7 @@ while time.monotonic() < deadline:  # the run's guest, as the control plane sees
     if ours:
         break
     time.sleep(0.05)
+wait_held(ours)  # the create has returned
 time.sleep(1.0)  # the exec is under way
 report(run=sorted(ours))
 die(HOW)
