@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -51,8 +52,15 @@ PRELUDE = textwrap.dedent(
             return
         if how == "os._exit":
             os._exit(0)
-        os.kill(os.getpid(), getattr(signal, how))
+        signum = getattr(signal, how)
+        # the default action, as a gunicorn worker has it: a process started from a `cmd &` of
+        # a non-interactive shell inherits SIGQUIT (and SIGINT) ignored, and would live on
+        if signum != signal.SIGKILL:
+            signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
         time.sleep(60)
+        print(f"{how} did not end the child", file=sys.stderr, flush=True)
+        os._exit(3)
     """
 )
 
@@ -66,6 +74,8 @@ def run_child(
     done = subprocess.run(
         [sys.executable, "-c", source], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
+    if how in ("SIGKILL", "SIGQUIT"):  # it died of the signal, not of anything after it
+        assert done.returncode == -getattr(signal, how), (done.returncode, done.stderr[-4000:])
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert lines, f"the child printed no report (exit {done.returncode}):\n{done.stderr[-4000:]}"
     return json.loads(lines[-1]), done.stderr

@@ -143,6 +143,8 @@ def test_a_process_that_dies_without_shutdown_leaves_no_pooled_guest(backend_env
         print(json.dumps({{"ids": sorted(backend._pool.ready_ids()), "keeper": keeper.pid}}), flush=True)
         if {how!r} == "os._exit":
             os._exit(0)
+        if {how!r} == "SIGQUIT":  # its default action (tests/keeper_child.py, die())
+            signal.signal(signal.SIGQUIT, signal.SIG_DFL)
         os.kill(os.getpid(), getattr(signal, {how!r}))
         time.sleep(30)
         """
