@@ -9,6 +9,34 @@ import pytest
 from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
+# `make test` runs the suite in pytest-xdist workers with `--dist loadgroup`: a test file goes to
+# one worker as a whole (its module fixtures run once: the fault matrix runs every case up front),
+# with two exceptions, each run by one worker: the end-to-end files (one Langflow server for the
+# session) and the two that build this source tree (`python -m build`, `pip wheel`).
+SAME_WORKER = {
+    "tests/e2e/": "e2e",
+    "tests/packaging/": "builds",
+    "tests/component/test_component_wheel.py": "builds",
+}
+# Started first, the longest groups do not end the run alone on one worker.
+FIRST = ("tests/e2e/", "tests/reliability/", "tests/executor/")
+
+
+def _group(path: str) -> str:
+    return next((group for prefix, group in SAME_WORKER.items() if path.startswith(prefix)), path)
+
+
+def _rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return next((i for i, prefix in enumerate(FIRST) if path.startswith(prefix)), len(FIRST))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: a file's tests keep their order
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item.nodeid.split("::", 1)[0])))
+
+
 # Sandboxes whose names start with this are deliberately kept between tests (reused guests).
 KEEP_PREFIX = "lf-c-"
 
