@@ -60,6 +60,7 @@ from langflow_sandbox_createos.executor.run import (
     _version_text,
 )
 from langflow_sandbox_createos.executor.spec import guest_knowledge, run_spec
+from langflow_sandbox_createos.executor.timeline import Timeline
 
 if TYPE_CHECKING:
     from lfx.execution.types import Unit
@@ -76,8 +77,10 @@ class CreateOSExecutor(Executor):
     async def execute(self, unit: Unit) -> AsyncIterator[StepResult | RunComplete]:
         from lfx.graph.graph.constants import Finish
 
+        timeline = Timeline()
         options = dict(unit.runtime_options or {})
         spec, cfg, endpoint = await run_spec(unit.graph, list(unit.inputs or []), options)
+        timeline.mark("spec")
         replay = HostReplay(options.get("event_manager"), unit.graph, spec)
 
         run: _Run | None = None
@@ -100,14 +103,17 @@ class CreateOSExecutor(Executor):
             )
             logger.warning("%s (flow %s)", text, spec.get("flow_id") or "(no id)")
             raise SandboxUnavailableError(text) from None
+        timeline.mark("line")
         try:
             early: list[tuple[str, Any]] = []
             if cfg.warm_pool and "install" not in spec:
-                run, early = await _take_warm(endpoint, cfg, spec)
+                run, early = await _take_warm(endpoint, cfg, spec, timeline)
             if run is None:
                 run = _Run(endpoint, cfg, spec)
                 await run.create()
+                timeline.mark("create")
                 run.start_exec(await run.stage())
+            run.timeline = timeline
             replay.reply = run.reply
             bridge = executor_sandbox.SandboxBridge(unit.graph, spec, run.reply)
             frames = _GuestFrames(run, cfg, endpoint, replay, bridge)
@@ -115,24 +121,32 @@ class CreateOSExecutor(Executor):
                 if kind == "error":
                     raise item
                 if kind == "end":
+                    timeline.mark("end")
                     result = item
                     break
+                if timeline.enabled:
+                    timeline.mark_once(item["t"])
                 step = await frames.handle(item)
                 if step is not None:
                     yield step
             outputs = frames.outputs(result)
+            timeline.guest_phases(frames.kept.get("done", {}).get("phases"))
             status = "ok"  # a consumer may stop iterating at RunComplete: the run is done by now
             yield StepResult(payload=Finish())
+            timeline.mark("complete")
             yield RunComplete(outputs=outputs)
         finally:
             try:
                 if bridge is not None:
                     await bridge.close()
+                    timeline.mark("bridge")
                 if run is not None:
                     await run.close()
+                    timeline.mark("closed")
             finally:
                 admission.executor_line.leave()
             _log_run(spec, run, bridge, started, status)
+            timeline.log(status, run.sandbox_id if run is not None else None)
 
     @staticmethod
     def shutdown() -> None:
@@ -266,7 +280,7 @@ async def _reports(run: _Run, early: list[tuple[str, Any]]) -> AsyncIterator[tup
 
 
 async def _take_warm(
-    endpoint: connection.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any]
+    endpoint: connection.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any], timeline: Timeline
 ) -> tuple[_Run | None, list[tuple[str, Any]]]:
     """A pooled guest that has accepted this run's spec, with what it reported while it
     waited; (None, []) when no guest is ready or the one taken turned out stale (it is then
@@ -274,6 +288,7 @@ async def _take_warm(
     run, key = executor_pool.take(endpoint, cfg, _forwarded_env(cfg))
     if run is None:
         return None, []
+    timeline.mark("take")
     early = run.attach()
     reason = None
     try:
@@ -282,6 +297,7 @@ async def _take_warm(
         elif not await run.deliver(spec):
             reason = "it refused the spec (paused or deleted)"
         else:
+            timeline.mark("delivered")
             while reason is None:
                 try:
                     kind, item = await asyncio.wait_for(run.queue.get(), ACCEPT_SECONDS)
@@ -291,6 +307,7 @@ async def _take_warm(
                         f"within {ACCEPT_SECONDS:g} s; it was deleted and the run was not started."
                     ) from None
                 if kind == "frame" and item.get("t") == "accepted":
+                    timeline.mark("accepted")
                     early.append((kind, item))
                     return run, early
                 if kind == "frame":

@@ -22,6 +22,7 @@ from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, 
 from langflow_sandbox_createos.executor.guest import BOOTSTRAP, runner_source
 from langflow_sandbox_createos.executor.reader import FrameReader
 from langflow_sandbox_createos.executor.spec import REPLY_DIR, encode_runtime
+from langflow_sandbox_createos.executor.timeline import Timeline
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -111,6 +112,7 @@ class _Run:
         self.stderr_tail: list[str] = []
         self._stderr_chars = 0
         self.plain_lines = 0
+        self.timeline: Timeline | None = None  # the run's, once a run owns this guest
 
     # -- guest lifecycle ----------------------------------------------------------------
     def _create_spec(self) -> dict[str, Any]:
@@ -162,6 +164,8 @@ class _Run:
             self._deleted = True
         try:
             pool_keeper.delete(self.client, self.sandbox_id)
+            if self.timeline is not None:
+                self.timeline.mark("deleted")
         except Exception as exc:
             logger.warning(
                 "CreateOS executor: could not delete guest %s (%s); auto-pause after %s s bounds it",

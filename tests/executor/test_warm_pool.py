@@ -4,8 +4,10 @@ interpreter exit or (through `reap`) a crashed process."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -149,6 +151,34 @@ async def test_each_run_gets_its_own_pooled_guest(pooled: Any, monkeypatch: pyte
     for sandbox_id in used:
         assert view(pooled, sandbox_id)["status"] in ("destroying", "destroyed")
     assert len(set(used) & first_pool) == 1
+
+
+async def test_a_pooled_run_logs_its_timeline_at_debug(pooled: Any, caplog: pytest.LogCaptureFixture) -> None:
+    fill()
+    logger = "langflow_sandbox_createos.executor.timeline"
+    with caplog.at_level(logging.INFO, logger=logger):  # off: nothing noted, nothing logged
+        assert text(await drain(CreateOSExecutor().execute(unit(chat_graph(), "quiet")))) == "quiet"
+    assert not [r for r in caplog.records if r.name == logger]
+    assert executor_pool.pool().wait_full(FILL_SECONDS)
+    with caplog.at_level(logging.DEBUG, logger=logger):
+        items = await drain(CreateOSExecutor().execute(unit(chat_graph(), "timed")))
+        assert text(items) == "timed"
+        deadline = time.monotonic() + 10
+        while not any(
+            n == "deleted" for r in caplog.records for n, _ in getattr(r, "timeline", {}).get("marks", [])
+        ):
+            assert time.monotonic() < deadline, caplog.records
+            await asyncio.sleep(0.01)
+    (record, *_) = [r.timeline for r in caplog.records if r.name == logger]
+    assert record["what"] == "ok" and record["sandbox_id"] == status(items).sandbox_id
+    names = [name for name, _ in record["marks"]]
+    steps = ["spec", "line", "take", "delivered", "accepted", "graph", "outputs", "done", "complete"]
+    assert [n for n in names if n in steps] == steps, names
+    times = [at for _, at in record["marks"]]
+    assert times == sorted(times)
+    assert list(record["guest"])[:2] == ["spec", "accepted"]
+    assert {"seams", "build", "run", "outputs"} <= set(record["guest"]), record["guest"]
+    assert all(isinstance(v, float) and v >= 0 for v in record["guest"].values())
 
 
 @pytest.mark.parametrize("how", ["killed", "paused", "deleted"])

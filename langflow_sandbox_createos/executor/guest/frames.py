@@ -19,11 +19,30 @@ import json
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, frame_body, frame_line
 
 REPLY_POLL_SECONDS = 0.002  # between looks for the host's answer
+
+# How long each of the run's steps took in the guest, sent with the `done` frame (the host
+# logs them in its debug timeline, executor/timeline.py). One run per process.
+_PHASES: dict[str, float] = {}
+_PHASE_CLOCK = [time.monotonic()]
+
+
+def _phase(name: str) -> None:
+    """The step `name` ended now: note the seconds since the previous step ended."""
+    now = time.monotonic()
+    _PHASES[name] = round(now - _PHASE_CLOCK[0], 4)
+    _PHASE_CLOCK[0] = now
+
+
+def _phases_from_now() -> None:
+    """The run begins now (a pooled runner: its spec arrived): earlier steps are not its own."""
+    _PHASES.clear()
+    _PHASE_CLOCK[0] = time.monotonic()
 
 
 class Frames:

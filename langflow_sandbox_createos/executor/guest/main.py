@@ -14,7 +14,14 @@ import traceback
 from typing import Any
 
 from langflow_sandbox_createos.executor.framing import EXIT_FAILED, TAIL_CHARS, spec_mac, tail
-from langflow_sandbox_createos.executor.guest.frames import Frames, _isolate_stdout, _start_watchdog
+from langflow_sandbox_createos.executor.guest.frames import (
+    _PHASES,
+    Frames,
+    _isolate_stdout,
+    _phase,
+    _phases_from_now,
+    _start_watchdog,
+)
 from langflow_sandbox_createos.executor.guest.graph_run import _run_flow
 from langflow_sandbox_createos.executor.guest.install import _ensure_lfx, _lfx_version
 
@@ -41,11 +48,14 @@ def _pooled(boot: dict[str, Any], wait: dict[str, Any]) -> None:
         sys.stderr.flush()
         os._exit(0)
     frames.emit("accepted")  # before anything of the run happens
+    _phase("accepted")
     _start_watchdog(frames, float(spec["timeout"]))
+    _phase("watchdog")
     _run(frames, spec)
 
 
 def _cold(boot: dict[str, Any]) -> None:
+    _phases_from_now()
     key = bytes.fromhex(boot.pop("token"))
     spec = boot.pop("spec", None)
     if spec is None:  # a large spec was uploaded; read it and leave nothing on disk
@@ -59,6 +69,7 @@ def _cold(boot: dict[str, Any]) -> None:
     _start_watchdog(frames, float(spec["timeout"]))
     installed = _ensure_lfx(frames, spec.get("install"), deadline)
     frames.emit("ready", lfx=_lfx_version(), installed=installed)
+    _phase("lfx")
     _run(frames, spec)
 
 
@@ -86,7 +97,7 @@ def _run(frames: Frames, spec: dict[str, Any]) -> None:
         )
         sys.stderr.flush()
         os._exit(EXIT_FAILED)
-    frames.emit("done")
+    frames.emit("done", phases=_PHASES)
     sys.stderr.flush()
     os._exit(0)  # do not wait for threads a component left running
 
@@ -130,8 +141,11 @@ def _await_spec(frames: Frames, key: bytes, path: str, seconds: float, poll: flo
             continue
         mac, _, body = data.partition(b"\n")
         if hmac.compare_digest(mac.decode("ascii", "replace"), spec_mac(key, body)):
+            _phases_from_now()
             os.unlink(path)
-            return json.loads(body)
+            spec = json.loads(body)
+            _phase("spec")
+            return spec
         time.sleep(poll)  # still being written
     return None
 
