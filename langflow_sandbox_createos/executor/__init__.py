@@ -129,6 +129,9 @@ class CreateOSExecutor(Executor):
                 step = await frames.handle(item)
                 if step is not None:
                     yield step
+                if item["t"] == "done":  # the runner's last frame: its exit is not waited for
+                    result = None
+                    break
             outputs = frames.outputs(result)
             timeline.guest_phases(frames.kept.get("done", {}).get("phases"))
             status = "ok"  # a consumer may stop iterating at RunComplete: the run is done by now

@@ -365,7 +365,9 @@ def _timeout_error(cfg: ExecutorSettings, detail: str = "") -> SandboxExecutionE
 def _failure(
     cfg: ExecutorSettings, frames: dict[str, Mapping[str, Any]], result: Any, stderr: str
 ) -> SandboxExecutionError | None:
-    """The error a finished exec stands for, or None for a clean run."""
+    """The error a finished run stands for, or None for a clean run. `result` is the exec's,
+    or None when the run ended at the runner's `done` frame (its exit is not waited for: after
+    `done` the runner only leaves, with os._exit)."""
     if "timeout" in frames:
         return _timeout_error(cfg)
     if "install_failed" in frames:
@@ -395,23 +397,24 @@ def _failure(
             f"The flow failed inside the CreateOS guest: {frame.get('error')}\n"
             f"Guest traceback (tail):\n{trace}"
         )
-    if result.error:
-        return SandboxExecutionError(
-            f"CreateOS executor: the guest could not start {PYTHON}: {result.error}. The guest rootfs "
-            f"({cfg.rootfs!r}, CREATEOS_EXECUTOR_ROOTFS) must provide {PYTHON} with lfx installed."
-        )
-    if result.timed_out or result.exit_code == EXIT_TIMEOUT:
-        return _timeout_error(cfg)
-    if result.stdout_truncated:
-        return SandboxExecutionError(
-            "CreateOS executor: the guest's results exceeded the output cap "
-            f"({cfg.max_output_bytes} bytes, CREATEOS_SANDBOX_MAX_OUTPUT_BYTES) and were cut off."
-        )
-    if result.exit_code != 0:
-        return SandboxExecutionError(
-            f"CreateOS executor: the guest runner exited {result.exit_code} without reporting why. "
-            f"Guest stderr (tail):\n{tail(stderr, 2000)}"
-        )
+    if result is not None:  # how the exec ended
+        if result.error:
+            return SandboxExecutionError(
+                f"CreateOS executor: the guest could not start {PYTHON}: {result.error}. The guest rootfs "
+                f"({cfg.rootfs!r}, CREATEOS_EXECUTOR_ROOTFS) must provide {PYTHON} with lfx installed."
+            )
+        if result.timed_out or result.exit_code == EXIT_TIMEOUT:
+            return _timeout_error(cfg)
+        if result.stdout_truncated:
+            return SandboxExecutionError(
+                "CreateOS executor: the guest's results exceeded the output cap "
+                f"({cfg.max_output_bytes} bytes, CREATEOS_SANDBOX_MAX_OUTPUT_BYTES) and were cut off."
+            )
+        if result.exit_code != 0:
+            return SandboxExecutionError(
+                f"CreateOS executor: the guest runner exited {result.exit_code} without reporting why. "
+                f"Guest stderr (tail):\n{tail(stderr, 2000)}"
+            )
     if "outputs" not in frames or "done" not in frames:
         return SandboxExecutionError(
             "CreateOS executor: the guest runner ended without reporting the run's outputs "

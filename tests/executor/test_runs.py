@@ -22,6 +22,7 @@ from .flow_components.forger import Forger
 from .flow_components.needs_module import NeedsModule
 from .flow_components.sleeper import Sleeper
 from .flow_components.slow_echo import SlowEcho
+from .flow_components.slow_exit import SlowExit
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -144,6 +145,20 @@ async def test_timeout_is_reported_as_a_timeout(
     assert "timed out" in str(info.value)
     assert "CREATEOS_EXECUTOR_TIMEOUT_SECONDS" in str(info.value)
     assert time.monotonic() - started < 30
+
+
+async def test_a_run_ends_at_the_runners_done_frame_not_at_its_exit(executor: CreateOSExecutor) -> None:
+    """After `done` the runner only leaves; here its leaving takes a minute (a component's
+    stderr flushes slowly). The run is complete at `done`, and its guest deleted."""
+    arrivals: list[tuple[float, Any]] = []
+    async for item in executor.execute(_unit(middle_graph(SlowExit, "leave_slowly"))):
+        arrivals.append((time.monotonic(), item))
+    items = [item for _, item in arrivals]
+    assert _text(items) == "slow-exit:hi"
+    last_vertex_at = max(
+        t for t, i in arrivals if isinstance(getattr(i, "payload", None), RemoteVertexResult)
+    )
+    assert arrivals[-1][0] - last_vertex_at < 20  # not the minute the runner takes to exit
 
 
 async def test_early_close_deletes_the_guest_quickly(executor: CreateOSExecutor, executor_env: Any) -> None:
