@@ -36,6 +36,7 @@ Importing this module is cheap and reads no settings.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -139,15 +140,20 @@ class CreateOSExecutor(Executor):
             timeline.mark("complete")
             yield RunComplete(outputs=outputs)
         finally:
+            deleting = False
             try:
                 if bridge is not None:
                     await bridge.close()
                     timeline.mark("bridge")
                 if run is not None:
-                    await run.close()
+                    # the run is over: its guest is deleted off its path, and its slot in the
+                    # line is held until that delete returned (never more guests than the limit)
+                    run.close_soon(then=functools.partial(_deleted, run, timeline))
+                    deleting = True
                     timeline.mark("closed")
             finally:
-                admission.executor_line.leave()
+                if not deleting:
+                    admission.executor_line.leave()
             _log_run(spec, run, bridge, started, status)
             timeline.log(status, run.sandbox_id if run is not None else None)
 
@@ -232,6 +238,12 @@ class _GuestFrames:
         if self.run.plain_lines:
             logger.debug("CreateOS executor: %d unframed stdout line(s) ignored", self.run.plain_lines)
         return outputs
+
+
+def _deleted(run: _Run, timeline: Timeline) -> None:
+    """A run's guest delete returned (in its thread): the run's slot in the line is free."""
+    admission.executor_line.leave()
+    timeline.log("deleted", run.sandbox_id)
 
 
 def _announce_wait(

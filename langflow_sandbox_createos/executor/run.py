@@ -6,11 +6,14 @@ warm pool (``executor/pool.py``) starts the same run type ahead of need.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import json
 import logging
+import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
@@ -61,8 +64,6 @@ def _version_text(value: Any) -> str | None:
 
 def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
     """Only the variables CREATEOS_EXECUTOR_ENV names, with this process's values."""
-    import os
-
     envs = {}
     for name in cfg.env_allowlist:
         value = os.environ.get(name)
@@ -71,6 +72,28 @@ def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
             continue
         envs[name] = value
     return envs
+
+
+# Guest deletes still running in their threads (a run does not wait for its guest's delete).
+_deleting: set[threading.Thread] = set()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
+    """At interpreter exit: give the deletes still running a moment (a short `lfx run` ends
+    right after its run); what is left is the guest keeper's."""
+    deadline = time.monotonic() + timeout
+    for worker in list(_deleting):
+        worker.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_wait_for_deletes)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_deleting.clear)  # the parent's threads are not ours
 
 
 # --- one run ------------------------------------------------------------------------------
@@ -174,17 +197,41 @@ class _Run:
                 guest_spec.auto_pause_seconds(self.cfg.timeout_seconds),
             )
 
-    async def close(self) -> None:
-        """Delete the guest (which also ends a running exec) without hanging the caller."""
+    def close_soon(self, then: Callable[[], None] | None = None) -> None:
+        """Stop reading and delete the guest (which also ends a running exec) in a worker
+        thread, off the caller's path; `then` runs once the delete returned (at once when
+        there is no guest). Interpreter exit waits a little for deletes still running."""
         self._closed.set()
         if self.sandbox_id is None:
+            if then is not None:
+                then()
             return
-        worker = threading.Thread(target=self.delete_blocking, name="createos-executor-delete", daemon=True)
+
+        def delete() -> None:
+            try:
+                self.delete_blocking()
+            finally:
+                _deleting.discard(threading.current_thread())
+                if then is not None:
+                    then()
+
+        worker = threading.Thread(target=delete, name="createos-executor-delete", daemon=True)
+        _deleting.add(worker)
         worker.start()
+
+    async def close(self) -> None:
+        """Delete the guest; returns when the delete returned, or after CLOSE_WAIT_SECONDS
+        (the thread finishes it either way)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + CLOSE_WAIT_SECONDS
-        while worker.is_alive() and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+        deleted = loop.create_future()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, deleted)
+
+        self.close_soon(then=wake)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(deleted, CLOSE_WAIT_SECONDS)
 
     # -- a pooled guest: its exec runs before a run owns it ------------------------------
     def early_kinds(self) -> set[str]:
