@@ -33,6 +33,7 @@ from langflow_sandbox_createos.local.testing import NamespaceHost
 
 from .conftest import EXECUTOR_ROOTFS, chat_graph, drain, middle_graph
 from .flow_components.counter import Counter
+from .flow_components.model_probe import ModelProbe
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -182,6 +183,21 @@ async def test_a_pooled_run_logs_its_timeline_at_debug(pooled: Any, caplog: pyte
     assert list(record["guest"])[:2] == ["spec", "accepted"]
     assert {"seams", "build", "run", "outputs"} <= set(record["guest"]), record["guest"]
     assert all(isinstance(v, float) and v >= 0 for v in record["guest"].values())
+
+
+async def test_a_pooled_runner_completes_lfx_models_while_it_waits(pooled: Any) -> None:
+    """pydantic completes a model left incomplete at import on its first use (lfx's content
+    blocks: ~0.1-0.3 s of a run's first message); a waiting runner has done it already."""
+    from lfx.components.input_output import ChatOutput
+    from lfx.graph import Graph
+
+    fill()
+    probe = ModelProbe(_id="probe")
+    chat_out = ChatOutput(_id="chat-out")
+    chat_out.set(input_value=probe.probe)
+    items = await drain(CreateOSExecutor().execute(unit(Graph(probe, chat_out), "x")))
+    assert status(items).pooled
+    assert json.loads(text(items)) == []
 
 
 @pytest.mark.parametrize("how", ["killed", "paused", "deleted"])

@@ -173,3 +173,29 @@ def _preload(warm_flow: Any = None) -> None:
             Graph.from_payload(warm_flow)
         except Exception:  # only a warm-up: the run builds its own graph
             traceback.print_exc()
+    _complete_models()
+
+
+def _complete_models() -> None:
+    """Complete lfx's pydantic models that import left incomplete (forward references, e.g.
+    the content blocks of lfx.schema.content_types): pydantic completes each on first use, which
+    cost a run's first message ~0.1-0.3 s. Only lfx's own: completing every model of every
+    library loaded (hundreds of langsmith's) would cost seconds and no run needs them."""
+    try:
+        from pydantic import BaseModel
+    except ImportError:
+        return
+    seen: set[type] = set()
+    stack: list[type] = [BaseModel]
+    while stack:
+        for model in stack.pop().__subclasses__():
+            if model in seen:
+                continue
+            seen.add(model)
+            stack.append(model)
+            module = getattr(model, "__module__", "") or ""
+            if module.startswith("lfx.") and model.__dict__.get("__pydantic_complete__") is False:
+                try:
+                    model.model_rebuild(raise_errors=False)
+                except Exception:  # only a warm-up: a model that cannot complete does so (or not) on use
+                    traceback.print_exc()
