@@ -14,7 +14,7 @@ from langflow_sandbox_createos.executor.framing import tail
 from langflow_sandbox_createos.executor.guest.flow_api import _install_flows
 from langflow_sandbox_createos.executor.guest.frames import Frames, _json_default, _jsonable, _phase
 from langflow_sandbox_createos.executor.guest.memory import _install_memory
-from langflow_sandbox_createos.executor.guest.sandbox_bridge import _install_sandbox_bridge
+from langflow_sandbox_createos.executor.guest.sandbox_bridge import _SANDBOX_SEAMS
 
 VERTEX_FRAME_MAX = 512 * 1024  # a bigger vertex event is sent without its results
 
@@ -223,7 +223,7 @@ def _install_seams(frames: Frames, spec: dict[str, Any], runtime: dict[str, Any]
     if runtime.get("flows") is not None:  # the flows its Run Flow / Sub Flow nodes load
         _install_flows(runtime["flows"])
     if isinstance(spec.get("sandbox"), dict):  # its sandboxed nodes run on the host
-        _install_sandbox_bridge(frames, spec["sandbox"], reply_dir)
+        _SANDBOX_SEAMS.answer_as_host(frames, spec["sandbox"], reply_dir)
 
 
 async def _run_legacy(

@@ -24,6 +24,7 @@ from langflow_sandbox_createos.executor.guest.frames import (
 )
 from langflow_sandbox_createos.executor.guest.graph_run import _run_flow
 from langflow_sandbox_createos.executor.guest.install import _ensure_lfx, _lfx_version
+from langflow_sandbox_createos.executor.guest.sandbox_bridge import _SANDBOX_SEAMS
 
 
 def main(boot: dict[str, Any]) -> None:
@@ -40,6 +41,7 @@ def _pooled(boot: dict[str, Any], wait: dict[str, Any]) -> None:
     frames = _start(key)
     _ensure_lfx(frames)
     _preload(wait.get("warm_flow"))
+    _SANDBOX_SEAMS.point()  # lfx's own until the spec says what the host answers
     frames.emit("ready", lfx=_lfx_version(), installed=False)
     spec = _await_spec(frames, key, str(wait["path"]), float(wait["seconds"]), float(wait.get("poll", 0.02)))
     del key
