@@ -127,29 +127,99 @@ def _missing_module(exc: BaseException) -> str | None:
     return None
 
 
+# How long a runner waiting with inotify sleeps before it looks anyway: a bound, should an
+# upload ever not be seen by inotify (a filesystem written from outside the guest's kernel).
+SPEC_RECHECK_SECONDS = 0.1
+_IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_CREATE = 0x8, 0x80, 0x100
+_IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
+
+
+class _DirectoryWatch:
+    """Wakes a waiting runner when a file is written, moved or created in a directory it
+    watches (Linux inotify, through libc; the guest has the standard library only). `fd` is
+    -1 where inotify is unavailable: the caller polls instead."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self._libc: Any = None
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        except (OSError, AttributeError):  # no libc inotify here
+            return
+        if fd >= 0:
+            self.fd, self._libc = fd, libc
+
+    def add(self, directory: str) -> bool:
+        """Watch `directory` (again: inotify keeps one watch per directory)."""
+        if self.fd < 0:
+            return False
+        return (
+            self._libc.inotify_add_watch(
+                self.fd, os.fsencode(directory), _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE
+            )
+            >= 0
+        )
+
+    def wait(self, timeout: float) -> None:
+        """Until something happened in a watched directory, or `timeout` passed."""
+        import select
+
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        if ready:
+            try:
+                while os.read(self.fd, 65536):  # drain: the next wait sleeps until something new
+                    pass
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 def _await_spec(frames: Frames, key: bytes, path: str, seconds: float, poll: float) -> dict[str, Any] | None:
     """Wait for the host's upload of this guest's one run spec: `<mac>\n<json>`, accepted only
     whole and authentic (the MAC, keyed with this runner's secret, also proves it complete
     on a control plane whose upload is not atomic). Read once, then removed. None when
-    nobody delivered a spec within `seconds` (the host's pool has forgotten this guest)."""
+    nobody delivered a spec within `seconds` (the host's pool has forgotten this guest).
+
+    The runner sleeps until inotify reports a change in the spec's directory (or, before
+    the upload made that directory, in its parent), looking anyway every
+    SPEC_RECHECK_SECONDS; without inotify it looks every `poll` seconds."""
+    directory = os.path.dirname(path)
+    watch = _DirectoryWatch()
+    watch.add(os.path.dirname(directory))  # the upload creates the directory first
     frames.emit("waiting", path=path)
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read()
-        except FileNotFoundError:
-            time.sleep(poll)
-            continue
-        mac, _, body = data.partition(b"\n")
-        if hmac.compare_digest(mac.decode("ascii", "replace"), spec_mac(key, body)):
-            _phases_from_now()
-            os.unlink(path)
-            spec = json.loads(body)
-            _phase("spec")
-            return spec
-        time.sleep(poll)  # still being written
-    return None
+    try:
+        while time.monotonic() < deadline:
+            watch.add(directory)  # once it exists: from then on its files wake us
+            try:
+                with open(path, "rb") as handle:
+                    data = handle.read()
+            except FileNotFoundError:
+                data = None
+            if data is not None:
+                mac, _, body = data.partition(b"\n")
+                if hmac.compare_digest(mac.decode("ascii", "replace"), spec_mac(key, body)):
+                    _phases_from_now()
+                    os.unlink(path)
+                    spec = json.loads(body)
+                    _phase("spec")
+                    return spec
+                # still being written: its close (or rename) wakes us
+            left = deadline - time.monotonic()
+            if watch.fd >= 0:
+                watch.wait(min(SPEC_RECHECK_SECONDS, left))
+            else:
+                time.sleep(max(0.0, min(poll, left)))
+        return None
+    finally:
+        watch.close()
 
 
 def _preload(warm_flow: Any = None) -> None:
