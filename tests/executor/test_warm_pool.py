@@ -23,6 +23,7 @@ import httpx
 import pytest
 from lfx.execution.types import RunComplete, StepResult, Unit
 from lfx.schema.schema import InputValueRequest
+from lfx.utils.sandbox.base import SandboxExecutionError
 
 from langflow_sandbox_createos import cli
 from langflow_sandbox_createos.core import connection, settings
@@ -34,6 +35,7 @@ from langflow_sandbox_createos.local.testing import NamespaceHost
 from .conftest import EXECUTOR_ROOTFS, chat_graph, drain, middle_graph
 from .flow_components.counter import Counter
 from .flow_components.model_probe import ModelProbe
+from .flow_components.sleeper import Sleeper
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -198,6 +200,24 @@ async def test_a_pooled_runner_completes_lfx_models_while_it_waits(pooled: Any) 
     items = await drain(CreateOSExecutor().execute(unit(Graph(probe, chat_out), "x")))
     assert status(items).pooled
     assert json.loads(text(items)) == []
+
+
+async def test_a_pooled_runs_deadline_counts_from_its_spec(
+    pooled: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog's thread starts at warm-up, its deadline when the spec arrived: a guest
+    that waited in the pool longer than the run's timeout still runs, and a run that takes
+    longer than it times out."""
+    monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "4")
+    fill()
+    await asyncio.sleep(5)
+    items = await drain(CreateOSExecutor().execute(unit(chat_graph(), "in time")))
+    assert text(items) == "in time" and status(items).pooled
+    assert executor_pool.pool().wait_full(FILL_SECONDS)
+    started = time.monotonic()
+    with pytest.raises(SandboxExecutionError, match="timed out"):
+        await drain(CreateOSExecutor().execute(unit(middle_graph(Sleeper, "nap"), "x")))
+    assert time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize("how", ["killed", "paused", "deleted"])

@@ -107,16 +107,31 @@ def _isolate_stdout() -> int:
     return frame_fd
 
 
-def _start_watchdog(frames: Frames, seconds: float) -> None:
-    def fire() -> None:
+class _Watchdog:
+    """The run's deadline: when it passes, a `timeout` frame and exit EXIT_TIMEOUT. Its thread
+    starts at once (a pooled runner's while it waits for its spec, off the run's path) and
+    counts from `arm`."""
+
+    def __init__(self, frames: Frames) -> None:
+        self._frames = frames
+        self._armed = threading.Event()
+        self._seconds = 0.0
+        self._deadline = 0.0
+        threading.Thread(target=self._watch, name="createos-watchdog", daemon=True).start()
+
+    def arm(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._deadline = time.monotonic() + seconds
+        self._armed.set()
+
+    def _watch(self) -> None:
+        self._armed.wait()
+        while (left := self._deadline - time.monotonic()) > 0:
+            time.sleep(left)
         try:
-            frames.emit("timeout", seconds=seconds)
+            self._frames.emit("timeout", seconds=self._seconds)
         finally:
             os._exit(EXIT_TIMEOUT)
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
 
 
 def _take_reply(path: str) -> tuple[bool, Any]:

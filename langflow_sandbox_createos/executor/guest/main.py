@@ -20,7 +20,7 @@ from langflow_sandbox_createos.executor.guest.frames import (
     _isolate_stdout,
     _phase,
     _phases_from_now,
-    _start_watchdog,
+    _Watchdog,
 )
 from langflow_sandbox_createos.executor.guest.graph_run import _run_flow
 from langflow_sandbox_createos.executor.guest.install import _ensure_lfx, _lfx_version
@@ -39,6 +39,7 @@ def main(boot: dict[str, Any]) -> None:
 def _pooled(boot: dict[str, Any], wait: dict[str, Any]) -> None:
     key = bytes.fromhex(boot.pop("token"))
     frames = _start(key)
+    watchdog = _Watchdog(frames)  # armed when the spec arrived
     _ensure_lfx(frames)
     _preload(wait.get("warm_flow"))
     _SANDBOX_SEAMS.point()  # lfx's own until the spec says what the host answers
@@ -51,7 +52,7 @@ def _pooled(boot: dict[str, Any], wait: dict[str, Any]) -> None:
         os._exit(0)
     frames.emit("accepted")  # before anything of the run happens
     _phase("accepted")
-    _start_watchdog(frames, float(spec["timeout"]))
+    watchdog.arm(float(spec["timeout"]))
     _phase("watchdog")
     _run(frames, spec)
 
@@ -68,7 +69,7 @@ def _cold(boot: dict[str, Any]) -> None:
     frames = _start(key)
     del key
     deadline = time.monotonic() + float(spec["timeout"])
-    _start_watchdog(frames, float(spec["timeout"]))
+    _Watchdog(frames).arm(float(spec["timeout"]))
     installed = _ensure_lfx(frames, spec.get("install"), deadline)
     frames.emit("ready", lfx=_lfx_version(), installed=installed)
     _phase("lfx")
