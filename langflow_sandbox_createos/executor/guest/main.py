@@ -176,11 +176,6 @@ class _DirectoryWatch:
             except BlockingIOError:
                 pass
 
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
 
 def _await_spec(frames: Frames, key: bytes, path: str, seconds: float, poll: float) -> dict[str, Any] | None:
     """Wait for the host's upload of this guest's one run spec: `<mac>\n<json>`, accepted only
@@ -192,35 +187,34 @@ def _await_spec(frames: Frames, key: bytes, path: str, seconds: float, poll: flo
     the upload made that directory, in its parent), looking anyway every
     SPEC_RECHECK_SECONDS; without inotify it looks every `poll` seconds."""
     directory = os.path.dirname(path)
+    # Never closed: closing an inotify descriptor waits for the kernel's grace period (~17 ms
+    # measured, between the spec's arrival and `accepted`); the runner exits after its run.
     watch = _DirectoryWatch()
     watch.add(os.path.dirname(directory))  # the upload creates the directory first
     frames.emit("waiting", path=path)
     deadline = time.monotonic() + seconds
-    try:
-        while time.monotonic() < deadline:
-            watch.add(directory)  # once it exists: from then on its files wake us
-            try:
-                with open(path, "rb") as handle:
-                    data = handle.read()
-            except FileNotFoundError:
-                data = None
-            if data is not None:
-                mac, _, body = data.partition(b"\n")
-                if hmac.compare_digest(mac.decode("ascii", "replace"), spec_mac(key, body)):
-                    _phases_from_now()
-                    os.unlink(path)
-                    spec = json.loads(body)
-                    _phase("spec")
-                    return spec
-                # still being written: its close (or rename) wakes us
-            left = deadline - time.monotonic()
-            if watch.fd >= 0:
-                watch.wait(min(SPEC_RECHECK_SECONDS, left))
-            else:
-                time.sleep(max(0.0, min(poll, left)))
-        return None
-    finally:
-        watch.close()
+    while time.monotonic() < deadline:
+        watch.add(directory)  # once it exists: from then on its files wake us
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            data = None
+        if data is not None:
+            mac, _, body = data.partition(b"\n")
+            if hmac.compare_digest(mac.decode("ascii", "replace"), spec_mac(key, body)):
+                _phases_from_now()
+                os.unlink(path)
+                spec = json.loads(body)
+                _phase("spec")
+                return spec
+            # still being written: its close (or rename) wakes us
+        left = deadline - time.monotonic()
+        if watch.fd >= 0:
+            watch.wait(min(SPEC_RECHECK_SECONDS, left))
+        else:
+            time.sleep(max(0.0, min(poll, left)))
+    return None
 
 
 def _preload(warm_flow: Any = None) -> None:
