@@ -316,7 +316,7 @@ async def _take_warm(
             while reason is None:
                 try:
                     kind, item = await asyncio.wait_for(run.queue.get(), ACCEPT_SECONDS)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not the builtin TimeoutError on Python 3.10
                     raise SandboxExecutionError(
                         f"CreateOS executor: the pooled guest {run.sandbox_id} did not pick up the run "
                         f"within {ACCEPT_SECONDS:g} s; it was deleted and the run was not started."

@@ -305,6 +305,49 @@ def test_interpreter_exit_deletes_and_reap_finds_a_crash(
     assert view(executor_env, ids[0])["status"] in ("destroying", "destroyed")
 
 
+def test_a_pooled_guest_that_never_accepts_fails_the_run_on_python_3_10(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncio.wait_for raises asyncio.TimeoutError, which on Python 3.10 is not the builtin
+    TimeoutError (simulated here with a class of its own): the run still fails with the
+    executor's message, and the guest is closed."""
+    import types
+
+    from langflow_sandbox_createos import executor as executor_module
+    from langflow_sandbox_createos.executor.timeline import Timeline
+
+    class AsyncioTimeout(Exception):  # what asyncio.TimeoutError is on 3.10
+        pass
+
+    closed: list[bool] = []
+
+    class NeverAccepts:
+        sandbox_id = "sb-never"
+        queue: asyncio.Queue[Any]
+
+        def attach(self) -> list[Any]:
+            self.queue = asyncio.Queue()
+            return [("frame", {"t": "waiting"})]
+
+        async def deliver(self, spec: Any) -> bool:
+            return True
+
+        async def close(self) -> None:
+            closed.append(True)
+
+    async def never(awaitable: Any, timeout: float) -> Any:
+        awaitable.close()
+        raise AsyncioTimeout
+
+    monkeypatch.setattr(executor_pool, "take", lambda *args: (NeverAccepts(), None))
+    monkeypatch.setattr(executor_module.asyncio, "TimeoutError", AsyncioTimeout)
+    monkeypatch.setattr(executor_module.asyncio, "wait_for", never)
+    cfg = types.SimpleNamespace(env_allowlist=())
+    with pytest.raises(SandboxExecutionError, match="did not pick up the run"):
+        asyncio.run(executor_module._take_warm(None, cfg, {}, Timeline()))  # type: ignore[arg-type]
+    assert closed == [True]
+
+
 @pytest.mark.parametrize(
     ("name", "value", "says"),
     [
