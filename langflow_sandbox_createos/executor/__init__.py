@@ -28,7 +28,8 @@ The modules: ``spec`` (what the guest is sent), ``run`` (one guest and its exec)
 (warm guests), ``framing`` (the frame format, shared with the guest), ``reader`` (frames out
 of the exec's output), ``results`` (frames as lfx results), ``replay`` and ``bridge`` (what the
 host does for the guest: messages and events, sandboxed nodes), ``flows`` (the flows a run may
-load), ``guest/`` (the runner). This module drives one run from the spec to ``RunComplete``.
+load), ``timeline`` (where a run's time goes, at DEBUG), ``guest/`` (the runner). This module
+drives one run from the spec to ``RunComplete``.
 
 Importing this module is cheap and reads no settings.
 """

@@ -217,7 +217,11 @@ class _Run:
 
         worker = threading.Thread(target=delete, name="createos-executor-delete", daemon=True)
         _deleting.add(worker)
-        worker.start()
+        try:
+            worker.start()
+        except RuntimeError:  # interpreter shutdown: no new threads; the guest keeper deletes it
+            _deleting.discard(worker)
+            raise
 
     async def close(self) -> None:
         """Delete the guest; returns when the delete returned, or after CLOSE_WAIT_SECONDS
