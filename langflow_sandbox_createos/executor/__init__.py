@@ -28,7 +28,8 @@ The modules: ``spec`` (what the guest is sent), ``run`` (one guest and its exec)
 (warm guests), ``framing`` (the frame format, shared with the guest), ``reader`` (frames out
 of the exec's output), ``results`` (frames as lfx results), ``replay`` and ``bridge`` (what the
 host does for the guest: messages and events, sandboxed nodes), ``flows`` (the flows a run may
-load), ``guest/`` (the runner). This module drives one run from the spec to ``RunComplete``.
+load), ``timeline`` (where a run's time goes, at DEBUG), ``guest/`` (the runner). This module
+drives one run from the spec to ``RunComplete``.
 
 Importing this module is cheap and reads no settings.
 """
@@ -36,6 +37,7 @@ Importing this module is cheap and reads no settings.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -60,6 +62,7 @@ from langflow_sandbox_createos.executor.run import (
     _version_text,
 )
 from langflow_sandbox_createos.executor.spec import guest_knowledge, run_spec
+from langflow_sandbox_createos.executor.timeline import Timeline
 
 if TYPE_CHECKING:
     from lfx.execution.types import Unit
@@ -76,8 +79,10 @@ class CreateOSExecutor(Executor):
     async def execute(self, unit: Unit) -> AsyncIterator[StepResult | RunComplete]:
         from lfx.graph.graph.constants import Finish
 
+        timeline = Timeline()
         options = dict(unit.runtime_options or {})
         spec, cfg, endpoint = await run_spec(unit.graph, list(unit.inputs or []), options)
+        timeline.mark("spec")
         replay = HostReplay(options.get("event_manager"), unit.graph, spec)
 
         run: _Run | None = None
@@ -100,14 +105,17 @@ class CreateOSExecutor(Executor):
             )
             logger.warning("%s (flow %s)", text, spec.get("flow_id") or "(no id)")
             raise SandboxUnavailableError(text) from None
+        timeline.mark("line")
         try:
             early: list[tuple[str, Any]] = []
             if cfg.warm_pool and "install" not in spec:
-                run, early = await _take_warm(endpoint, cfg, spec)
+                run, early = await _take_warm(endpoint, cfg, spec, timeline)
             if run is None:
                 run = _Run(endpoint, cfg, spec)
                 await run.create()
+                timeline.mark("create")
                 run.start_exec(await run.stage())
+            run.timeline = timeline
             replay.reply = run.reply
             bridge = executor_sandbox.SandboxBridge(unit.graph, spec, run.reply)
             frames = _GuestFrames(run, cfg, endpoint, replay, bridge)
@@ -115,24 +123,40 @@ class CreateOSExecutor(Executor):
                 if kind == "error":
                     raise item
                 if kind == "end":
+                    timeline.mark("end")
                     result = item
                     break
+                if timeline.enabled:
+                    timeline.mark_once(item["t"])
                 step = await frames.handle(item)
                 if step is not None:
                     yield step
+                if item["t"] == "done":  # the runner's last frame: its exit is not waited for
+                    result = None
+                    break
             outputs = frames.outputs(result)
+            timeline.guest_phases(frames.kept.get("done", {}).get("phases"))
             status = "ok"  # a consumer may stop iterating at RunComplete: the run is done by now
             yield StepResult(payload=Finish())
+            timeline.mark("complete")
             yield RunComplete(outputs=outputs)
         finally:
+            deleting = False
             try:
                 if bridge is not None:
                     await bridge.close()
+                    timeline.mark("bridge")
                 if run is not None:
-                    await run.close()
+                    # the run is over: its guest is deleted off its path, and its slot in the
+                    # line is held until that delete returned (never more guests than the limit)
+                    run.close_soon(then=functools.partial(_deleted, run, timeline))
+                    deleting = True
+                    timeline.mark("closed")
             finally:
-                admission.executor_line.leave()
+                if not deleting:
+                    admission.executor_line.leave()
             _log_run(spec, run, bridge, started, status)
+            timeline.log(status, run.sandbox_id if run is not None else None)
 
     @staticmethod
     def shutdown() -> None:
@@ -217,6 +241,12 @@ class _GuestFrames:
         return outputs
 
 
+def _deleted(run: _Run, timeline: Timeline) -> None:
+    """A run's guest delete returned (in its thread): the run's slot in the line is free."""
+    admission.executor_line.leave()
+    timeline.log("deleted", run.sandbox_id)
+
+
 def _announce_wait(
     options: Mapping[str, Any], cfg: settings.ExecutorSettings, ahead: int, in_flight: int
 ) -> None:
@@ -266,7 +296,7 @@ async def _reports(run: _Run, early: list[tuple[str, Any]]) -> AsyncIterator[tup
 
 
 async def _take_warm(
-    endpoint: connection.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any]
+    endpoint: connection.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any], timeline: Timeline
 ) -> tuple[_Run | None, list[tuple[str, Any]]]:
     """A pooled guest that has accepted this run's spec, with what it reported while it
     waited; (None, []) when no guest is ready or the one taken turned out stale (it is then
@@ -274,6 +304,7 @@ async def _take_warm(
     run, key = executor_pool.take(endpoint, cfg, _forwarded_env(cfg))
     if run is None:
         return None, []
+    timeline.mark("take")
     early = run.attach()
     reason = None
     try:
@@ -282,15 +313,17 @@ async def _take_warm(
         elif not await run.deliver(spec):
             reason = "it refused the spec (paused or deleted)"
         else:
+            timeline.mark("delivered")
             while reason is None:
                 try:
                     kind, item = await asyncio.wait_for(run.queue.get(), ACCEPT_SECONDS)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not the builtin TimeoutError on Python 3.10
                     raise SandboxExecutionError(
                         f"CreateOS executor: the pooled guest {run.sandbox_id} did not pick up the run "
                         f"within {ACCEPT_SECONDS:g} s; it was deleted and the run was not started."
                     ) from None
                 if kind == "frame" and item.get("t") == "accepted":
+                    timeline.mark("accepted")
                     early.append((kind, item))
                     return run, early
                 if kind == "frame":

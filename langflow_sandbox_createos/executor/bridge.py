@@ -5,7 +5,7 @@ Interpreter (and the Python REPL tool, and custom components) through lfx's sand
 and the CreateOS Sandbox component through its engine. In-process they use the host's
 settings, policies and CreateOS key. The guest has none of those, by design (the key never
 enters a guest). So the guest runner points those seams at the host (`guest/sandbox_bridge.py`,
-`_install_sandbox_bridge`): each call becomes an authenticated `sandbox` frame, and this
+`_SandboxSeams`): each call becomes an authenticated `sandbox` frame, and this
 module answers it the way the host would have run the node itself:
 
 * **What a guest may ask** (docs/executor.md, "Sandboxed nodes in an executor run"):

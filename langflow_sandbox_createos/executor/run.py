@@ -6,11 +6,14 @@ warm pool (``executor/pool.py``) starts the same run type ahead of need.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import json
 import logging
+import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
@@ -22,6 +25,7 @@ from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, 
 from langflow_sandbox_createos.executor.guest import BOOTSTRAP, runner_source
 from langflow_sandbox_createos.executor.reader import FrameReader
 from langflow_sandbox_createos.executor.spec import REPLY_DIR, encode_runtime
+from langflow_sandbox_createos.executor.timeline import Timeline
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -60,8 +64,6 @@ def _version_text(value: Any) -> str | None:
 
 def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
     """Only the variables CREATEOS_EXECUTOR_ENV names, with this process's values."""
-    import os
-
     envs = {}
     for name in cfg.env_allowlist:
         value = os.environ.get(name)
@@ -70,6 +72,28 @@ def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
             continue
         envs[name] = value
     return envs
+
+
+# Guest deletes still running in their threads (a run does not wait for its guest's delete).
+_deleting: set[threading.Thread] = set()
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
+    """At interpreter exit: give the deletes still running a moment (a short `lfx run` ends
+    right after its run); what is left is the guest keeper's."""
+    deadline = time.monotonic() + timeout
+    for worker in list(_deleting):
+        worker.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_wait_for_deletes)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_deleting.clear)  # the parent's threads are not ours
 
 
 # --- one run ------------------------------------------------------------------------------
@@ -111,6 +135,7 @@ class _Run:
         self.stderr_tail: list[str] = []
         self._stderr_chars = 0
         self.plain_lines = 0
+        self.timeline: Timeline | None = None  # the run's, once a run owns this guest
 
     # -- guest lifecycle ----------------------------------------------------------------
     def _create_spec(self) -> dict[str, Any]:
@@ -162,6 +187,8 @@ class _Run:
             self._deleted = True
         try:
             pool_keeper.delete(self.client, self.sandbox_id)
+            if self.timeline is not None:
+                self.timeline.mark("deleted")
         except Exception as exc:
             logger.warning(
                 "CreateOS executor: could not delete guest %s (%s); auto-pause after %s s bounds it",
@@ -170,17 +197,45 @@ class _Run:
                 guest_spec.auto_pause_seconds(self.cfg.timeout_seconds),
             )
 
-    async def close(self) -> None:
-        """Delete the guest (which also ends a running exec) without hanging the caller."""
+    def close_soon(self, then: Callable[[], None] | None = None) -> None:
+        """Stop reading and delete the guest (which also ends a running exec) in a worker
+        thread, off the caller's path; `then` runs once the delete returned (at once when
+        there is no guest). Interpreter exit waits a little for deletes still running."""
         self._closed.set()
         if self.sandbox_id is None:
+            if then is not None:
+                then()
             return
-        worker = threading.Thread(target=self.delete_blocking, name="createos-executor-delete", daemon=True)
-        worker.start()
+
+        def delete() -> None:
+            try:
+                self.delete_blocking()
+            finally:
+                _deleting.discard(threading.current_thread())
+                if then is not None:
+                    then()
+
+        worker = threading.Thread(target=delete, name="createos-executor-delete", daemon=True)
+        _deleting.add(worker)
+        try:
+            worker.start()
+        except RuntimeError:  # interpreter shutdown: no new threads; the guest keeper deletes it
+            _deleting.discard(worker)
+            raise
+
+    async def close(self) -> None:
+        """Delete the guest; returns when the delete returned, or after CLOSE_WAIT_SECONDS
+        (the thread finishes it either way)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + CLOSE_WAIT_SECONDS
-        while worker.is_alive() and loop.time() < deadline:
-            await asyncio.sleep(0.02)
+        deleted = loop.create_future()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, deleted)
+
+        self.close_soon(then=wake)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(deleted, CLOSE_WAIT_SECONDS)
 
     # -- a pooled guest: its exec runs before a run owns it ------------------------------
     def early_kinds(self) -> set[str]:
@@ -361,7 +416,9 @@ def _timeout_error(cfg: ExecutorSettings, detail: str = "") -> SandboxExecutionE
 def _failure(
     cfg: ExecutorSettings, frames: dict[str, Mapping[str, Any]], result: Any, stderr: str
 ) -> SandboxExecutionError | None:
-    """The error a finished exec stands for, or None for a clean run."""
+    """The error a finished run stands for, or None for a clean run. `result` is the exec's,
+    or None when the run ended at the runner's `done` frame (its exit is not waited for: after
+    `done` the runner only leaves, with os._exit)."""
     if "timeout" in frames:
         return _timeout_error(cfg)
     if "install_failed" in frames:
@@ -391,23 +448,24 @@ def _failure(
             f"The flow failed inside the CreateOS guest: {frame.get('error')}\n"
             f"Guest traceback (tail):\n{trace}"
         )
-    if result.error:
-        return SandboxExecutionError(
-            f"CreateOS executor: the guest could not start {PYTHON}: {result.error}. The guest rootfs "
-            f"({cfg.rootfs!r}, CREATEOS_EXECUTOR_ROOTFS) must provide {PYTHON} with lfx installed."
-        )
-    if result.timed_out or result.exit_code == EXIT_TIMEOUT:
-        return _timeout_error(cfg)
-    if result.stdout_truncated:
-        return SandboxExecutionError(
-            "CreateOS executor: the guest's results exceeded the output cap "
-            f"({cfg.max_output_bytes} bytes, CREATEOS_SANDBOX_MAX_OUTPUT_BYTES) and were cut off."
-        )
-    if result.exit_code != 0:
-        return SandboxExecutionError(
-            f"CreateOS executor: the guest runner exited {result.exit_code} without reporting why. "
-            f"Guest stderr (tail):\n{tail(stderr, 2000)}"
-        )
+    if result is not None:  # how the exec ended
+        if result.error:
+            return SandboxExecutionError(
+                f"CreateOS executor: the guest could not start {PYTHON}: {result.error}. The guest rootfs "
+                f"({cfg.rootfs!r}, CREATEOS_EXECUTOR_ROOTFS) must provide {PYTHON} with lfx installed."
+            )
+        if result.timed_out or result.exit_code == EXIT_TIMEOUT:
+            return _timeout_error(cfg)
+        if result.stdout_truncated:
+            return SandboxExecutionError(
+                "CreateOS executor: the guest's results exceeded the output cap "
+                f"({cfg.max_output_bytes} bytes, CREATEOS_SANDBOX_MAX_OUTPUT_BYTES) and were cut off."
+            )
+        if result.exit_code != 0:
+            return SandboxExecutionError(
+                f"CreateOS executor: the guest runner exited {result.exit_code} without reporting why. "
+                f"Guest stderr (tail):\n{tail(stderr, 2000)}"
+            )
     if "outputs" not in frames or "done" not in frames:
         return SandboxExecutionError(
             "CreateOS executor: the guest runner ended without reporting the run's outputs "

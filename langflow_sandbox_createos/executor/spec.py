@@ -10,6 +10,7 @@ seams, a per-run install request). Rich values (`runtime`) travel pickled, host 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import pickle
@@ -391,7 +392,10 @@ class _GuestKnowledge:
 guest_knowledge = _GuestKnowledge()
 
 
+@functools.lru_cache(maxsize=1)
 def _host_lfx_version() -> str | None:
+    """This process's lfx version, read once (importlib.metadata scans every distribution on
+    sys.path: ~2 ms, and every run's `ready` frame asks)."""
     try:
         from importlib.metadata import version
 

@@ -140,7 +140,49 @@ async def test_runs_beyond_the_limit_wait_in_line_and_say_so(
     said = [log["message"] for run in logs for log in run if "waits in line" in str(log.get("message"))]
     assert len(said) == 2, logs
     assert all("CREATEOS_EXECUTOR_MAX_GUESTS=1" in text for text in said), said
-    assert admission.executor_line.in_flight == 0 and admission.executor_line.waiting == 0
+    await _line_empties()  # the last run's slot is free once its guest's delete returned
+
+
+async def _line_empties(timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while admission.executor_line.in_flight or admission.executor_line.waiting:
+        assert time.monotonic() < deadline, (
+            admission.executor_line.in_flight,
+            admission.executor_line.waiting,
+        )
+        await asyncio.sleep(0.01)
+
+
+async def test_a_run_returns_before_its_guest_is_deleted_and_holds_its_slot_until_then(
+    executor: CreateOSExecutor, executor_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delete is off the run's critical path, but the run's slot in the line is held
+    until it returned: never more guests alive than CREATEOS_EXECUTOR_MAX_GUESTS."""
+    from langflow_sandbox_createos.executor import run as executor_run
+
+    gate = threading.Event()
+    deleting: list[str] = []
+    real_delete = executor_run.pool_keeper.delete
+
+    def held_delete(client: Any, sandbox_id: str) -> None:
+        deleting.append(sandbox_id)
+        assert gate.wait(60)
+        real_delete(client, sandbox_id)
+
+    monkeypatch.setattr(executor_run.pool_keeper, "delete", held_delete)
+    try:
+        items = await asyncio.wait_for(drain(executor.execute(chat_unit("quick"))), 120)
+        assert type(items[-1]).__name__ == "RunComplete"
+        deadline = time.monotonic() + 5
+        while not deleting:
+            assert time.monotonic() < deadline, "the run's guest delete never started"
+            await asyncio.sleep(0.01)
+        assert admission.executor_line.in_flight == 1  # held while its guest is being deleted
+        assert deleting[0] in {sb["id"] for sb in executor_env.live_sandboxes()}
+    finally:
+        gate.set()
+    await _line_empties()
+    assert executor_env.wait_until_no_live(timeout=5.0) == []
 
 
 async def test_a_run_that_waits_past_its_deadline_leaves_the_line() -> None:

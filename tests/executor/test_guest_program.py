@@ -5,7 +5,10 @@ the host's, byte for byte. No guest needed."""
 from __future__ import annotations
 
 import ast
+import json
 import os
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -108,3 +111,48 @@ def test_an_import_the_order_cannot_satisfy_is_refused(monkeypatch: pytest.Monke
     finally:
         monkeypatch.undo()
         guest.runner_source.cache_clear()
+
+
+def _deliver_later(path: Any, key: bytes, spec: dict[str, Any], after: float) -> threading.Thread:
+    """Upload as createos-local does (the directory, then a temporary file renamed into place),
+    after a first, incomplete write in place (a control plane whose upload is not atomic)."""
+    body = json.dumps(spec).encode()
+    data = framing.spec_mac(key, body).encode() + b"\n" + body
+
+    def deliver() -> None:
+        time.sleep(after)
+        path.parent.mkdir()
+        path.write_bytes(data[: len(data) // 2])
+        time.sleep(0.2)
+        temporary = path.parent / ".upload-1"
+        temporary.write_bytes(data)
+        os.rename(temporary, path)
+
+    thread = threading.Thread(target=deliver)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("inotify", [True, False])
+def test_a_waiting_runner_wakes_on_its_spec_upload(tmp_path: Any, inotify: bool) -> None:
+    """With inotify the runner sleeps until the upload (its look-anyway timer is 30 s here);
+    without, it polls at the host's interval."""
+    runner = _runner()
+    runner["SPEC_RECHECK_SECONDS"] = 30.0
+    if not inotify:
+
+        class NoInotify(runner["_DirectoryWatch"]):  # type: ignore[misc, name-defined]
+            def __init__(self) -> None:
+                self.fd = -1
+
+        runner["_DirectoryWatch"] = NoInotify
+    key = bytes(range(32))
+    path = tmp_path / "run" / "spec"
+    frames = runner["Frames"](os.open(os.devnull, os.O_WRONLY), key)
+    delivery = _deliver_later(path, key, {"timeout": 5}, after=0.3)
+    started = time.monotonic()
+    spec = runner["_await_spec"](frames, key, str(path), 60.0, 0.05 if not inotify else 30.0)
+    delivery.join()
+    assert spec == {"timeout": 5}
+    assert time.monotonic() - started < 5  # the upload woke it, not the 30 s timer
+    assert not path.exists()  # read once, then removed

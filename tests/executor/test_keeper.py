@@ -7,13 +7,15 @@ mid-load and found 8 `lf-x-` guests of runs in flight still running."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from typing import Any
 
 import pytest
 from keeper_child import KEEPER_LINE, WAYS, every_id, run_child, wait_exited, wait_gone
 
-from langflow_sandbox_createos.core import pool_keeper
+from langflow_sandbox_createos.core import admission, pool_keeper
 from langflow_sandbox_createos.executor import CreateOSExecutor
 
 from .conftest import EXECUTOR_ROOTFS, REPO, chat_unit, drain
@@ -123,15 +125,23 @@ def test_a_clean_run_leaves_the_keeper_nothing_to_do(executor_env: Any) -> None:
     wait_gone(executor_env, created)
 
 
+async def _until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_run_releases_its_guest_and_a_failed_delete_keeps_it_held(
     executor: CreateOSExecutor, executor_env: Any
 ) -> None:
     cp = executor_env
     ok = status(await drain(executor.execute(chat_unit("one")))).sandbox_id
-    assert ok not in pool_keeper.keepers.held_ids()
+    await _until(lambda: ok not in pool_keeper.keepers.held_ids())  # deleted just after the run
 
     cp.set_faults({"rules": [{"route": "delete", "status": 500, "times": 1}]})
     failed = status(await drain(executor.execute(chat_unit("two")))).sandbox_id
+    await _until(lambda: admission.executor_line.in_flight == 0)  # its delete returned (failed)
     assert cp.fault_hits() == [1]
     cp.clear_faults()
     assert failed in pool_keeper.keepers.held_ids()  # the keeper still deletes it at exit

@@ -346,3 +346,23 @@ async def test_without_langflow_the_catalogue_is_empty() -> None:
     flow = {"nodes": [_loader("RunFlow-a", RUN_FLOW_CODE, flow_name_selected="one")], "edges": []}
     assert await executor_flows.resolve({"nodes": [], "edges": []}, "u") is None
     assert await executor_flows.resolve(flow, "u") == {"user_id": "u", "lookups": {}}
+
+
+def test_the_host_reads_its_lfx_version_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run's `ready` frame compares the guest's lfx with the host's; importlib.metadata
+    scans every distribution on sys.path, so the host's is read once per process."""
+    import importlib.metadata
+
+    from langflow_sandbox_createos.executor import spec as executor_spec
+
+    reads: list[str] = []
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: reads.append(name) or "1.2.3")
+    executor_spec._host_lfx_version.cache_clear()
+    try:
+        for _ in range(3):
+            executor_spec.guest_knowledge.record("http://cp.test", "rootfs-a", "1.2.3")
+        assert executor_spec._host_lfx_version() == "1.2.3"
+        assert reads == ["lfx"]
+    finally:
+        executor_spec.guest_knowledge.clear()
+        executor_spec._host_lfx_version.cache_clear()

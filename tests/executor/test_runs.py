@@ -22,6 +22,7 @@ from .flow_components.forger import Forger
 from .flow_components.needs_module import NeedsModule
 from .flow_components.sleeper import Sleeper
 from .flow_components.slow_echo import SlowEcho
+from .flow_components.slow_exit import SlowExit
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -65,6 +66,7 @@ async def test_vertex_events_arrive_live(executor: CreateOSExecutor, executor_en
     assert arrivals[-1][0] - first_vertex_at >= 2.5
     assert isinstance(items[0].payload, GuestStatus) and items[0].payload.lfx_version
     # one guest, one exec, no file upload: the runner and spec travel on stdin
+    assert executor_env.wait_until_no_live(timeout=5.0) == []  # deleted just after the run
     after = _requests(executor_env)
     delta = {
         k: after.get(k, 0) - before.get(k, 0)
@@ -146,6 +148,20 @@ async def test_timeout_is_reported_as_a_timeout(
     assert time.monotonic() - started < 30
 
 
+async def test_a_run_ends_at_the_runners_done_frame_not_at_its_exit(executor: CreateOSExecutor) -> None:
+    """After `done` the runner only leaves; here its leaving takes a minute (a component's
+    stderr flushes slowly). The run is complete at `done`, and its guest deleted."""
+    arrivals: list[tuple[float, Any]] = []
+    async for item in executor.execute(_unit(middle_graph(SlowExit, "leave_slowly"))):
+        arrivals.append((time.monotonic(), item))
+    items = [item for _, item in arrivals]
+    assert _text(items) == "slow-exit:hi"
+    last_vertex_at = max(
+        t for t, i in arrivals if isinstance(getattr(i, "payload", None), RemoteVertexResult)
+    )
+    assert arrivals[-1][0] - last_vertex_at < 20  # not the minute the runner takes to exit
+
+
 async def test_early_close_deletes_the_guest_quickly(executor: CreateOSExecutor, executor_env: Any) -> None:
     stream = executor.execute(_unit(middle_graph(Sleeper, "nap")))
     async for item in stream:
@@ -156,6 +172,35 @@ async def test_early_close_deletes_the_guest_quickly(executor: CreateOSExecutor,
     await stream.aclose()
     assert time.monotonic() - started < 5
     assert executor_env.wait_until_no_live(timeout=5.0) == []
+
+
+async def test_closing_a_run_wakes_when_its_guest_delete_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """close() (a stale pooled guest's, before the run goes to a fresh one) is woken by the
+    delete's thread, not by polling."""
+    import asyncio
+    import types
+
+    from langflow_sandbox_createos.core import settings
+    from langflow_sandbox_createos.executor import run as executor_run
+
+    returned: list[float] = []
+
+    class Client:
+        def delete(self, sandbox_id: str) -> None:
+            time.sleep(0.3)
+            returned.append(time.monotonic())
+
+    def no_polling(*_: Any) -> None:
+        raise AssertionError("close() polled")
+
+    endpoint = types.SimpleNamespace(client=Client())
+    run = executor_run._Run(endpoint, settings.executor_settings({}), None, pooled_guest="sb-test")  # type: ignore[arg-type]
+    monkeypatch.setattr(asyncio, "sleep", no_polling)
+    started = time.monotonic()
+    await run.close()
+    closed = time.monotonic()
+    assert returned and returned[0] - started >= 0.3
+    assert closed - returned[0] < 0.1
 
 
 async def test_legacy_arun_inputs_and_output_selection(executor: CreateOSExecutor) -> None:

@@ -167,6 +167,44 @@ async def test_the_hosts_code_execution_policy_holds_in_the_guest(
     assert names_since(host_backend, before) == ["lf-x"]  # no backend guest: refused before
 
 
+async def test_a_pooled_runner_answers_with_each_runs_view_of_the_host(
+    host_backend: Any, memory: HostMemory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pooled runner points lfx's sandbox seams while it waits for its spec, before any run
+    exists; what they answer is still each run's own view of the host (its backend, its
+    code-execution verdict)."""
+    import lfx.utils.python_repl_security as security
+
+    from langflow_sandbox_createos.core import connection, settings
+    from langflow_sandbox_createos.executor import pool as executor_pool
+
+    def blocked() -> None:
+        raise CodeExecutionDisabledError(
+            "Python code execution is disabled because block_code_interpreter_components is True."
+        )
+
+    monkeypatch.setenv("CREATEOS_EXECUTOR_WARM_POOL", "1")
+    try:
+        assert executor_pool.take(connection.endpoints.get(), settings.executor_settings(), {})[0] is None
+        assert executor_pool.pool().wait_full(240)
+        before = {sb["id"] for sb in guests(host_backend)}
+        reference, ours = await both(lambda: interpreter_graph(MICROVM_CODE), memory, "s-pool")
+        assert_same(reference, ours)
+        assert json.loads(shown(ours)["result"]) == {"sandboxed": True, "sum": 45}
+        # two backend guests (the reference's, ours through the host) and no cold executor guest
+        assert [n for n in names_since(host_backend, before) if n != "lf-xw"] == ["lf", "lf"]
+        assert executor_pool.pool().wait_full(240)
+        monkeypatch.setattr(security, "ensure_code_execution_enabled", blocked)
+        before = {sb["id"] for sb in guests(host_backend)}
+        with pytest.raises(SandboxExecutionError, match="block_code_interpreter_components"):
+            await run_flow(
+                CreateOSExecutor(), interpreter_graph("print(1)"), memory, "s-pool2", [{"input_value": "x"}]
+            )
+        assert [n for n in names_since(host_backend, before) if n != "lf-xw"] == []
+    finally:
+        executor_pool.shutdown()
+
+
 # --- the CreateOS Sandbox component --------------------------------------------------------
 
 PER_RUN = ("sandbox_id", "exec_ms")

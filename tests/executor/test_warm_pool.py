@@ -4,8 +4,10 @@ interpreter exit or (through `reap`) a crashed process."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +23,7 @@ import httpx
 import pytest
 from lfx.execution.types import RunComplete, StepResult, Unit
 from lfx.schema.schema import InputValueRequest
+from lfx.utils.sandbox.base import SandboxExecutionError
 
 from langflow_sandbox_createos import cli
 from langflow_sandbox_createos.core import connection, settings
@@ -31,6 +34,8 @@ from langflow_sandbox_createos.local.testing import NamespaceHost
 
 from .conftest import EXECUTOR_ROOTFS, chat_graph, drain, middle_graph
 from .flow_components.counter import Counter
+from .flow_components.model_probe import ModelProbe
+from .flow_components.sleeper import Sleeper
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
 
@@ -146,9 +151,73 @@ async def test_each_run_gets_its_own_pooled_guest(pooled: Any, monkeypatch: pyte
         assert executor_pool.pool().wait_full(FILL_SECONDS)
     assert used[0] in first_pool
     assert used[0] != used[1]  # one guest per run, never reused
-    for sandbox_id in used:
-        assert view(pooled, sandbox_id)["status"] in ("destroying", "destroyed")
+    for sandbox_id in used:  # deleted just after its run, off the run's path
+        deadline = time.monotonic() + 10
+        while view(pooled, sandbox_id)["status"] not in ("destroying", "destroyed"):
+            assert time.monotonic() < deadline, view(pooled, sandbox_id)
+            time.sleep(0.02)
     assert len(set(used) & first_pool) == 1
+
+
+async def test_a_pooled_run_logs_its_timeline_at_debug(pooled: Any, caplog: pytest.LogCaptureFixture) -> None:
+    fill()
+    logger = "langflow_sandbox_createos.executor.timeline"
+    with caplog.at_level(logging.INFO, logger=logger):  # off: nothing noted, nothing logged
+        assert text(await drain(CreateOSExecutor().execute(unit(chat_graph(), "quiet")))) == "quiet"
+    assert not [r for r in caplog.records if r.name == logger]
+    assert executor_pool.pool().wait_full(FILL_SECONDS)
+    with caplog.at_level(logging.DEBUG, logger=logger):
+        items = await drain(CreateOSExecutor().execute(unit(chat_graph(), "timed")))
+        assert text(items) == "timed"
+        deadline = time.monotonic() + 10
+        while not any(
+            n == "deleted" for r in caplog.records for n, _ in getattr(r, "timeline", {}).get("marks", [])
+        ):
+            assert time.monotonic() < deadline, caplog.records
+            await asyncio.sleep(0.01)
+    (record, *_) = [r.timeline for r in caplog.records if r.name == logger]
+    assert record["what"] == "ok" and record["sandbox_id"] == status(items).sandbox_id
+    names = [name for name, _ in record["marks"]]
+    steps = ["spec", "line", "take", "delivered", "accepted", "graph", "outputs", "done", "complete"]
+    assert [n for n in names if n in steps] == steps, names
+    times = [at for _, at in record["marks"]]
+    assert times == sorted(times)
+    assert list(record["guest"])[:2] == ["spec", "accepted"]
+    assert {"seams", "build", "run", "outputs"} <= set(record["guest"]), record["guest"]
+    assert all(isinstance(v, float) and v >= 0 for v in record["guest"].values())
+
+
+async def test_a_pooled_runner_completes_lfx_models_while_it_waits(pooled: Any) -> None:
+    """pydantic completes a model left incomplete at import on its first use (lfx's content
+    blocks: ~0.1-0.3 s of a run's first message); a waiting runner has done it already."""
+    from lfx.components.input_output import ChatOutput
+    from lfx.graph import Graph
+
+    fill()
+    probe = ModelProbe(_id="probe")
+    chat_out = ChatOutput(_id="chat-out")
+    chat_out.set(input_value=probe.probe)
+    items = await drain(CreateOSExecutor().execute(unit(Graph(probe, chat_out), "x")))
+    assert status(items).pooled
+    assert json.loads(text(items)) == []
+
+
+async def test_a_pooled_runs_deadline_counts_from_its_spec(
+    pooled: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog's thread starts at warm-up, its deadline when the spec arrived: a guest
+    that waited in the pool longer than the run's timeout still runs, and a run that takes
+    longer than it times out."""
+    monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "4")
+    fill()
+    await asyncio.sleep(5)
+    items = await drain(CreateOSExecutor().execute(unit(chat_graph(), "in time")))
+    assert text(items) == "in time" and status(items).pooled
+    assert executor_pool.pool().wait_full(FILL_SECONDS)
+    started = time.monotonic()
+    with pytest.raises(SandboxExecutionError, match="timed out"):
+        await drain(CreateOSExecutor().execute(unit(middle_graph(Sleeper, "nap"), "x")))
+    assert time.monotonic() - started < 30
 
 
 @pytest.mark.parametrize("how", ["killed", "paused", "deleted"])
@@ -234,6 +303,49 @@ def test_interpreter_exit_deletes_and_reap_finds_a_crash(
     assert ids[0] in listed and listed[ids[0]].startswith(executor_pool.NAME_PREFIX)
     assert cli.main(["reap", "--yes", "--json", *pool]) == 0
     assert view(executor_env, ids[0])["status"] in ("destroying", "destroyed")
+
+
+def test_a_pooled_guest_that_never_accepts_fails_the_run_on_python_3_10(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncio.wait_for raises asyncio.TimeoutError, which on Python 3.10 is not the builtin
+    TimeoutError (simulated here with a class of its own): the run still fails with the
+    executor's message, and the guest is closed."""
+    import types
+
+    from langflow_sandbox_createos import executor as executor_module
+    from langflow_sandbox_createos.executor.timeline import Timeline
+
+    class AsyncioTimeout(Exception):  # what asyncio.TimeoutError is on 3.10
+        pass
+
+    closed: list[bool] = []
+
+    class NeverAccepts:
+        sandbox_id = "sb-never"
+        queue: asyncio.Queue[Any]
+
+        def attach(self) -> list[Any]:
+            self.queue = asyncio.Queue()
+            return [("frame", {"t": "waiting"})]
+
+        async def deliver(self, spec: Any) -> bool:
+            return True
+
+        async def close(self) -> None:
+            closed.append(True)
+
+    async def never(awaitable: Any, timeout: float) -> Any:
+        awaitable.close()
+        raise AsyncioTimeout
+
+    monkeypatch.setattr(executor_pool, "take", lambda *args: (NeverAccepts(), None))
+    monkeypatch.setattr(executor_module.asyncio, "TimeoutError", AsyncioTimeout)
+    monkeypatch.setattr(executor_module.asyncio, "wait_for", never)
+    cfg = types.SimpleNamespace(env_allowlist=())
+    with pytest.raises(SandboxExecutionError, match="did not pick up the run"):
+        asyncio.run(executor_module._take_warm(None, cfg, {}, Timeline()))  # type: ignore[arg-type]
+    assert closed == [True]
 
 
 @pytest.mark.parametrize(

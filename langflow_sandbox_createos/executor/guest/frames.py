@@ -19,11 +19,30 @@ import json
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, frame_body, frame_line
 
 REPLY_POLL_SECONDS = 0.002  # between looks for the host's answer
+
+# How long each of the run's steps took in the guest, sent with the `done` frame (the host
+# logs them in its debug timeline, executor/timeline.py). One run per process.
+_PHASES: dict[str, float] = {}
+_PHASE_CLOCK = [time.monotonic()]
+
+
+def _phase(name: str) -> None:
+    """The step `name` ended now: note the seconds since the previous step ended."""
+    now = time.monotonic()
+    _PHASES[name] = round(now - _PHASE_CLOCK[0], 4)
+    _PHASE_CLOCK[0] = now
+
+
+def _phases_from_now() -> None:
+    """The run begins now (a pooled runner: its spec arrived): earlier steps are not its own."""
+    _PHASES.clear()
+    _PHASE_CLOCK[0] = time.monotonic()
 
 
 class Frames:
@@ -88,16 +107,31 @@ def _isolate_stdout() -> int:
     return frame_fd
 
 
-def _start_watchdog(frames: Frames, seconds: float) -> None:
-    def fire() -> None:
+class _Watchdog:
+    """The run's deadline: when it passes, a `timeout` frame and exit EXIT_TIMEOUT. Its thread
+    starts at once (a pooled runner's while it waits for its spec, off the run's path) and
+    counts from `arm`."""
+
+    def __init__(self, frames: Frames) -> None:
+        self._frames = frames
+        self._armed = threading.Event()
+        self._seconds = 0.0
+        self._deadline = 0.0
+        threading.Thread(target=self._watch, name="createos-watchdog", daemon=True).start()
+
+    def arm(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._deadline = time.monotonic() + seconds
+        self._armed.set()
+
+    def _watch(self) -> None:
+        self._armed.wait()
+        while (left := self._deadline - time.monotonic()) > 0:
+            time.sleep(left)
         try:
-            frames.emit("timeout", seconds=seconds)
+            self._frames.emit("timeout", seconds=self._seconds)
         finally:
             os._exit(EXIT_TIMEOUT)
-
-    timer = threading.Timer(seconds, fire)
-    timer.daemon = True
-    timer.start()
 
 
 def _take_reply(path: str) -> tuple[bool, Any]:

@@ -12,9 +12,9 @@ from typing import Any
 
 from langflow_sandbox_createos.executor.framing import tail
 from langflow_sandbox_createos.executor.guest.flow_api import _install_flows
-from langflow_sandbox_createos.executor.guest.frames import Frames, _json_default, _jsonable
+from langflow_sandbox_createos.executor.guest.frames import Frames, _json_default, _jsonable, _phase
 from langflow_sandbox_createos.executor.guest.memory import _install_memory
-from langflow_sandbox_createos.executor.guest.sandbox_bridge import _install_sandbox_bridge
+from langflow_sandbox_createos.executor.guest.sandbox_bridge import _SANDBOX_SEAMS
 
 VERTEX_FRAME_MAX = 512 * 1024  # a bigger vertex event is sent without its results
 
@@ -185,7 +185,9 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
 
     opts = spec.get("options") or {}
     runtime = pickle.loads(base64.b64decode(spec["runtime"])) if spec.get("runtime") else {}
+    _phase("runtime")
     _install_seams(frames, spec, runtime)
+    _phase("seams")
     graph = Graph.from_payload(
         spec["graph"],
         flow_id=spec.get("flow_id"),
@@ -203,12 +205,15 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
     _set_start(graph, spec.get("start_component_id"))
     events = _relay_event_manager(frames, spec["events"]) if spec.get("events") is not None else None
     frames.emit("graph", vertices=len(graph.vertices))
+    _phase("build")
     outputs = [str(o) for o in (opts.get("outputs") or [])]
     if spec.get("mode") == "runs":  # Graph.arun: exactly what the in-process legacy path calls
         runs = await _run_legacy(graph, spec, opts, outputs, events)
     else:  # the streaming path: async_start(initial_inputs)
         runs = await _run_streaming(graph, frames, spec, opts, outputs, events)
+    _phase("run")
     frames.emit("outputs", runs=runs)
+    _phase("outputs")
 
 
 def _install_seams(frames: Frames, spec: dict[str, Any], runtime: dict[str, Any]) -> None:
@@ -218,7 +223,7 @@ def _install_seams(frames: Frames, spec: dict[str, Any], runtime: dict[str, Any]
     if runtime.get("flows") is not None:  # the flows its Run Flow / Sub Flow nodes load
         _install_flows(runtime["flows"])
     if isinstance(spec.get("sandbox"), dict):  # its sandboxed nodes run on the host
-        _install_sandbox_bridge(frames, spec["sandbox"], reply_dir)
+        _SANDBOX_SEAMS.answer_as_host(frames, spec["sandbox"], reply_dir)
 
 
 async def _run_legacy(

@@ -14,9 +14,17 @@ import traceback
 from typing import Any
 
 from langflow_sandbox_createos.executor.framing import EXIT_FAILED, TAIL_CHARS, spec_mac, tail
-from langflow_sandbox_createos.executor.guest.frames import Frames, _isolate_stdout, _start_watchdog
+from langflow_sandbox_createos.executor.guest.frames import (
+    _PHASES,
+    Frames,
+    _isolate_stdout,
+    _phase,
+    _phases_from_now,
+    _Watchdog,
+)
 from langflow_sandbox_createos.executor.guest.graph_run import _run_flow
 from langflow_sandbox_createos.executor.guest.install import _ensure_lfx, _lfx_version
+from langflow_sandbox_createos.executor.guest.sandbox_bridge import _SANDBOX_SEAMS
 
 
 def main(boot: dict[str, Any]) -> None:
@@ -31,8 +39,10 @@ def main(boot: dict[str, Any]) -> None:
 def _pooled(boot: dict[str, Any], wait: dict[str, Any]) -> None:
     key = bytes.fromhex(boot.pop("token"))
     frames = _start(key)
+    watchdog = _Watchdog(frames)  # armed when the spec arrived
     _ensure_lfx(frames)
     _preload(wait.get("warm_flow"))
+    _SANDBOX_SEAMS.point()  # lfx's own until the spec says what the host answers
     frames.emit("ready", lfx=_lfx_version(), installed=False)
     spec = _await_spec(frames, key, str(wait["path"]), float(wait["seconds"]), float(wait.get("poll", 0.02)))
     del key
@@ -41,11 +51,14 @@ def _pooled(boot: dict[str, Any], wait: dict[str, Any]) -> None:
         sys.stderr.flush()
         os._exit(0)
     frames.emit("accepted")  # before anything of the run happens
-    _start_watchdog(frames, float(spec["timeout"]))
+    _phase("accepted")
+    watchdog.arm(float(spec["timeout"]))
+    _phase("watchdog")
     _run(frames, spec)
 
 
 def _cold(boot: dict[str, Any]) -> None:
+    _phases_from_now()
     key = bytes.fromhex(boot.pop("token"))
     spec = boot.pop("spec", None)
     if spec is None:  # a large spec was uploaded; read it and leave nothing on disk
@@ -56,9 +69,10 @@ def _cold(boot: dict[str, Any]) -> None:
     frames = _start(key)
     del key
     deadline = time.monotonic() + float(spec["timeout"])
-    _start_watchdog(frames, float(spec["timeout"]))
+    _Watchdog(frames).arm(float(spec["timeout"]))
     installed = _ensure_lfx(frames, spec.get("install"), deadline)
     frames.emit("ready", lfx=_lfx_version(), installed=installed)
+    _phase("lfx")
     _run(frames, spec)
 
 
@@ -86,7 +100,7 @@ def _run(frames: Frames, spec: dict[str, Any]) -> None:
         )
         sys.stderr.flush()
         os._exit(EXIT_FAILED)
-    frames.emit("done")
+    frames.emit("done", phases=_PHASES)
     sys.stderr.flush()
     os._exit(0)  # do not wait for threads a component left running
 
@@ -114,25 +128,92 @@ def _missing_module(exc: BaseException) -> str | None:
     return None
 
 
+# How long a runner waiting with inotify sleeps before it looks anyway: a bound, should an
+# upload ever not be seen by inotify (a filesystem written from outside the guest's kernel).
+SPEC_RECHECK_SECONDS = 0.1
+_IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_CREATE = 0x8, 0x80, 0x100
+_IN_NONBLOCK, _IN_CLOEXEC = 0o4000, 0o2000000
+
+
+class _DirectoryWatch:
+    """Wakes a waiting runner when a file is written, moved or created in a directory it
+    watches (Linux inotify, through libc; the guest has the standard library only). `fd` is
+    -1 where inotify is unavailable: the caller polls instead."""
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self._libc: Any = None
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        except (OSError, AttributeError):  # no libc inotify here
+            return
+        if fd >= 0:
+            self.fd, self._libc = fd, libc
+
+    def add(self, directory: str) -> bool:
+        """Watch `directory` (again: inotify keeps one watch per directory)."""
+        if self.fd < 0:
+            return False
+        return (
+            self._libc.inotify_add_watch(
+                self.fd, os.fsencode(directory), _IN_CLOSE_WRITE | _IN_MOVED_TO | _IN_CREATE
+            )
+            >= 0
+        )
+
+    def wait(self, timeout: float) -> None:
+        """Until something happened in a watched directory, or `timeout` passed."""
+        import select
+
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        if ready:
+            try:
+                while os.read(self.fd, 65536):  # drain: the next wait sleeps until something new
+                    pass
+            except BlockingIOError:
+                pass
+
+
 def _await_spec(frames: Frames, key: bytes, path: str, seconds: float, poll: float) -> dict[str, Any] | None:
     """Wait for the host's upload of this guest's one run spec: `<mac>\n<json>`, accepted only
     whole and authentic (the MAC, keyed with this runner's secret, also proves it complete
     on a control plane whose upload is not atomic). Read once, then removed. None when
-    nobody delivered a spec within `seconds` (the host's pool has forgotten this guest)."""
+    nobody delivered a spec within `seconds` (the host's pool has forgotten this guest).
+
+    The runner sleeps until inotify reports a change in the spec's directory (or, before
+    the upload made that directory, in its parent), looking anyway every
+    SPEC_RECHECK_SECONDS; without inotify it looks every `poll` seconds."""
+    directory = os.path.dirname(path)
+    # Never closed: closing an inotify descriptor waits for the kernel's grace period (~17 ms
+    # measured, between the spec's arrival and `accepted`); the runner exits after its run.
+    watch = _DirectoryWatch()
+    watch.add(os.path.dirname(directory))  # the upload creates the directory first
     frames.emit("waiting", path=path)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        watch.add(directory)  # once it exists: from then on its files wake us
         try:
             with open(path, "rb") as handle:
                 data = handle.read()
         except FileNotFoundError:
-            time.sleep(poll)
-            continue
-        mac, _, body = data.partition(b"\n")
-        if hmac.compare_digest(mac.decode("ascii", "replace"), spec_mac(key, body)):
-            os.unlink(path)
-            return json.loads(body)
-        time.sleep(poll)  # still being written
+            data = None
+        if data is not None:
+            mac, _, body = data.partition(b"\n")
+            if hmac.compare_digest(mac.decode("ascii", "replace"), spec_mac(key, body)):
+                _phases_from_now()
+                os.unlink(path)
+                spec = json.loads(body)
+                _phase("spec")
+                return spec
+            # still being written: its close (or rename) wakes us
+        left = deadline - time.monotonic()
+        if watch.fd >= 0:
+            watch.wait(min(SPEC_RECHECK_SECONDS, left))
+        else:
+            time.sleep(max(0.0, min(poll, left)))
     return None
 
 
@@ -159,3 +240,29 @@ def _preload(warm_flow: Any = None) -> None:
             Graph.from_payload(warm_flow)
         except Exception:  # only a warm-up: the run builds its own graph
             traceback.print_exc()
+    _complete_models()
+
+
+def _complete_models() -> None:
+    """Complete lfx's pydantic models that import left incomplete (forward references, e.g.
+    the content blocks of lfx.schema.content_types): pydantic completes each on first use, which
+    cost a run's first message ~0.1-0.3 s. Only lfx's own: completing every model of every
+    library loaded (hundreds of langsmith's) would cost seconds and no run needs them."""
+    try:
+        from pydantic import BaseModel
+    except ImportError:
+        return
+    seen: set[type] = set()
+    stack: list[type] = [BaseModel]
+    while stack:
+        for model in stack.pop().__subclasses__():
+            if model in seen:
+                continue
+            seen.add(model)
+            stack.append(model)
+            module = getattr(model, "__module__", "") or ""
+            if module.startswith("lfx.") and model.__dict__.get("__pydantic_complete__") is False:
+                try:
+                    model.model_rebuild(raise_errors=False)
+                except Exception:  # only a warm-up: a model that cannot complete does so (or not) on use
+                    traceback.print_exc()

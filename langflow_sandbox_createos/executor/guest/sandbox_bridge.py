@@ -101,47 +101,94 @@ def _replace_everywhere(module_name: str, attr: str, replacement: Any) -> None:
             names[attr] = replacement
 
 
-def _install_sandbox_bridge(frames: Frames, view: dict[str, Any], reply_dir: str | None) -> None:
-    """Make the guest's sandbox seams answer as the host's would: lfx's dispatcher reports the
-    host's backend and sends each call to the host, lfx's code-execution gate gives the host's
-    verdict, and the CreateOS Sandbox component's engine runs on the host."""
-    backend = str(view.get("backend") or "none")
-    verdict = view.get("policy")
-    bridge = _SandboxBridge(frames, reply_dir or "/tmp/.createos-run")
+# lfx's sandbox seams: (module, name), each replaced in every module that bound it.
+_SEAM_NAMES = (
+    ("lfx.utils.sandbox.registry", "get_sandbox_backend"),
+    ("lfx.utils.sandbox", "is_sandbox_enabled"),
+    ("lfx.utils.sandbox", "run_code_in_sandbox"),
+    ("lfx.utils.python_repl_security", "ensure_code_execution_enabled"),
+)
 
-    def get_sandbox_backend() -> str:
-        return backend
 
-    def is_sandbox_enabled() -> bool:
-        return backend != "none"
+class _SandboxSeams:
+    """lfx's sandbox seams in the guest. `point` puts this runner's functions in their place,
+    in every module that bound them (a walk of sys.modules per seam: tens of ms, so a pooled
+    runner does it while it waits for its spec); `answer_as_host` then makes them answer as
+    the host's would: lfx's dispatcher reports the host's backend and sends each call to the
+    host, lfx's code-execution gate gives the host's verdict, and the CreateOS Sandbox
+    component's engine runs on the host. Until then they are lfx's own."""
 
-    def ensure_code_execution_enabled() -> None:
-        if verdict:
-            raise _host_error(verdict)
+    def __init__(self) -> None:
+        self.pointed = False
+        self.view: dict[str, Any] | None = None
+        self.bridge: _SandboxBridge | None = None
 
-    def run_code_in_sandbox(code: str, *, global_imports: Any = "", env: Any = None, **_: Any) -> Any:
-        from lfx.utils.sandbox.base import SandboxResult
+    def point(self) -> None:
+        import importlib
 
-        flow_id, vertex = _calling_node()
-        answer = bridge.call(
-            "backend", flow_id=flow_id, vertex=vertex, code=code, global_imports=global_imports, env=env
-        )
-        result = answer.get("result") or {}
-        return SandboxResult(
-            stdout=str(result.get("stdout", "")),
-            stderr=str(result.get("stderr", "")),
-            exit_code=int(result.get("exit_code", -1)),
-            execution_time_ms=result.get("execution_time_ms"),
-        )
+        if self.pointed:
+            return
+        originals = {name: getattr(importlib.import_module(module), name) for module, name in _SEAM_NAMES}
 
-    _replace_everywhere("lfx.utils.sandbox.registry", "get_sandbox_backend", get_sandbox_backend)
-    _replace_everywhere("lfx.utils.sandbox", "is_sandbox_enabled", is_sandbox_enabled)
-    _replace_everywhere("lfx.utils.sandbox", "run_code_in_sandbox", run_code_in_sandbox)
-    _replace_everywhere(
-        "lfx.utils.python_repl_security", "ensure_code_execution_enabled", ensure_code_execution_enabled
-    )
-    if view.get("component"):
-        _bridge_component(bridge)
+        def get_sandbox_backend(*args: Any, **kwargs: Any) -> str:
+            if self.view is None:
+                return originals["get_sandbox_backend"](*args, **kwargs)
+            return str(self.view.get("backend") or "none")
+
+        def is_sandbox_enabled(*args: Any, **kwargs: Any) -> bool:
+            if self.view is None:
+                return originals["is_sandbox_enabled"](*args, **kwargs)
+            return str(self.view.get("backend") or "none") != "none"
+
+        def ensure_code_execution_enabled(*args: Any, **kwargs: Any) -> None:
+            if self.view is None:
+                return originals["ensure_code_execution_enabled"](*args, **kwargs)
+            if self.view.get("policy"):
+                raise _host_error(self.view["policy"])
+            return None
+
+        def run_code_in_sandbox(
+            code: str, *args: Any, global_imports: Any = "", env: Any = None, **kwargs: Any
+        ) -> Any:
+            if self.view is None or self.bridge is None:
+                return originals["run_code_in_sandbox"](
+                    code, *args, global_imports=global_imports, env=env, **kwargs
+                )
+            from lfx.utils.sandbox.base import SandboxResult
+
+            flow_id, vertex = _calling_node()
+            answer = self.bridge.call(
+                "backend", flow_id=flow_id, vertex=vertex, code=code, global_imports=global_imports, env=env
+            )
+            result = answer.get("result") or {}
+            return SandboxResult(
+                stdout=str(result.get("stdout", "")),
+                stderr=str(result.get("stderr", "")),
+                exit_code=int(result.get("exit_code", -1)),
+                execution_time_ms=result.get("execution_time_ms"),
+            )
+
+        replacements = {
+            "get_sandbox_backend": get_sandbox_backend,
+            "is_sandbox_enabled": is_sandbox_enabled,
+            "run_code_in_sandbox": run_code_in_sandbox,
+            "ensure_code_execution_enabled": ensure_code_execution_enabled,
+        }
+        for module, name in _SEAM_NAMES:
+            _replace_everywhere(module, name, replacements[name])
+        self.pointed = True
+
+    def answer_as_host(self, frames: Frames, view: dict[str, Any], reply_dir: str | None) -> None:
+        """This run's view of the host (its backend, its code-execution verdict, whether the
+        flow holds a CreateOS Sandbox node); the seams are pointed first if they are not yet."""
+        self.point()
+        self.bridge = _SandboxBridge(frames, reply_dir or "/tmp/.createos-run")
+        self.view = dict(view)
+        if view.get("component"):
+            _bridge_component(self.bridge)
+
+
+_SANDBOX_SEAMS = _SandboxSeams()
 
 
 def _bridge_component(bridge: _SandboxBridge) -> None:
