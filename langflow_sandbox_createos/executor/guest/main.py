@@ -252,8 +252,9 @@ def _complete_models() -> None:
         from pydantic import BaseModel
     except ImportError:
         return
-    seen: set[type] = set()
-    stack: list[type] = [BaseModel]
+    seen: set[type[BaseModel]] = set()
+    stack: list[type[BaseModel]] = [BaseModel]
+    model: type[BaseModel]
     while stack:
         for model in stack.pop().__subclasses__():
             if model in seen:
