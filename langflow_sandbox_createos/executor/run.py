@@ -83,15 +83,16 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
-    """At interpreter exit: give the deletes still running a moment (a short `lfx run` ends
-    right after its run); what is left is the guest keeper's."""
+def wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
+    """Wait up to ``timeout`` s for the guest deletes still running in their threads. At
+    interpreter exit it gives them a moment (a short `lfx run` ends right after its run); what
+    is left is the guest keeper's. Tests call it before they look at what a run left."""
     deadline = time.monotonic() + timeout
     for worker in list(_deleting):
         worker.join(max(0.0, deadline - time.monotonic()))
 
 
-atexit.register(_wait_for_deletes)
+atexit.register(wait_for_deletes)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_deleting.clear)  # the parent's threads are not ours
 

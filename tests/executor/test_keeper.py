@@ -109,6 +109,8 @@ async def main():
     return [item async for item in CreateOSExecutor().execute(unit)]
 
 asyncio.run(main())
+from langflow_sandbox_createos.executor import run
+run.wait_for_deletes(60)  # the run returned before its guest's delete did
 report(run=[])
 die(HOW)
 """

@@ -165,6 +165,10 @@ def _settle(
     lane.plane.clear_faults()
     if case.surface == "backend":
         harness.drain_backend_deletes()
+    elif exp.delete_fault and case.surface == "executor":
+        # the run returned before its guest's delete did: wait for the delete threads (their
+        # calls are bounded by the control timeout, a retry included)
+        executor_module.wait_for_deletes(2.0 * matrix.CONTROL_TIMEOUT + 2.0)
     elif exp.delete_fault and case.surface.startswith("component"):
         # what the next run or process exit does: log the native client's retried deletes
         for endpoint in connection.endpoints.all():
