@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from keeper_child import run_child
 
 from langflow_sandbox_createos.backend.engine import CreateOSBackend
 from langflow_sandbox_createos.core import warm_pool
@@ -128,31 +129,21 @@ def test_process_exit_deletes_the_pool(backend_env: Any) -> None:
 def test_a_process_that_dies_without_shutdown_leaves_no_pooled_guest(backend_env: Any, how: str) -> None:
     """Issue 30: gunicorn's workers end through os._exit (no atexit) or die of SIGQUIT at a quick
     shutdown; every pooled guest survived on the control plane. The keeper deletes them."""
-    script = textwrap.dedent(
-        f"""
-        import json, os, signal, sys, time
-        from langflow_sandbox_createos.core import pool_keeper
-        from langflow_sandbox_createos.backend.engine import create_backend
-        backend = create_backend()
-        from langflow_sandbox_createos.core import connection
-        backend.run("print(1)")
-        assert backend._pool.wait_full(20)
-        # the cold first run's guest is the run's, deleted in the background: let that finish
-        connection.endpoints.get().client.drain_deletes(10.0)
-        [keeper] = pool_keeper.keepers._by_endpoint.values()
-        print(json.dumps({{"ids": sorted(backend._pool.ready_ids()), "keeper": keeper.pid}}), flush=True)
-        if {how!r} == "os._exit":
-            os._exit(0)
-        if {how!r} == "SIGQUIT":  # its default action (tests/keeper_child.py, die())
-            signal.signal(signal.SIGQUIT, signal.SIG_DFL)
-        os.kill(os.getpid(), getattr(signal, {how!r}))
-        time.sleep(30)
-        """
-    )
+    script = """
+    from langflow_sandbox_createos.core import connection, pool_keeper
+    from langflow_sandbox_createos.backend.engine import create_backend
+    backend = create_backend()
+    backend.run("print(1)")
+    assert backend._pool.wait_full(20)
+    # the cold first run's guest is the run's, deleted in the background: let that finish
+    connection.endpoints.get().client.drain_deletes(10.0)
+    assert len(pool_keeper.keepers._by_endpoint) == 1
+    report(ids=sorted(backend._pool.ready_ids()))
+    die(HOW)
+    """
     env = dict(os.environ, CREATEOS_SANDBOX_WARM_POOL="2")
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(report["ids"]) == 2, out.stderr
+    report, stderr = run_child(script, how, env, timeout=60)
+    assert len(report["ids"]) == 2, stderr
     deadline = time.monotonic() + 30
     while any(
         sandbox_view(backend_env, sid)["status"] not in ("destroying", "destroyed") for sid in report["ids"]
