@@ -240,6 +240,7 @@ async def test_a_spec_over_4_mib_is_uploaded_and_runs(executor: CreateOSExecutor
     graph = middle_graph(Digest, "digest", payload=payload)
     before = _requests(executor_env)
     items = await drain(executor.execute(_unit(graph, "big")))
+    executor_module.wait_for_deletes(30.0)  # the run returns before its guest's delete does
     after = _requests(executor_env)
     expected = f"big:{len(payload)}:{hashlib.sha256(payload.encode()).hexdigest()}"
     assert _text(items) == expected

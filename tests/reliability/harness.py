@@ -424,7 +424,10 @@ driver = SurfaceDriver()
 
 
 def drain_backend_deletes(timeout: float = 10.0) -> None:
-    """Let queued background deletes finish (and be logged), as lfx's shutdown does."""
+    """Let queued background deletes finish (and be logged), as lfx's shutdown does: the
+    backend's queue, and the executor's delete threads (a run returns before its delete)."""
     from langflow_sandbox_createos.backend.engine import create_backend
+    from langflow_sandbox_createos.executor.run import wait_for_deletes
 
     create_backend().shutdown()
+    wait_for_deletes(timeout)
