@@ -285,8 +285,9 @@ def _deny_all_acknowledged() -> bool:
 
 
 def _read_settings() -> BackendSettings:
+    """The backend's settings, parsed again only when one of its variables changed."""
     with failures.refusing_bad_settings():
-        return settings.backend_settings()
+        return settings.current_backend_settings()
 
 
 def _guest_env(env: Mapping[str, str] | None) -> dict[str, str]:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from lfx.utils.sandbox.base import SandboxExecutionError, SandboxResult
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxResult, SandboxUnavailableError
 
 from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.backend.engine import CreateOSBackend
@@ -286,3 +286,20 @@ def test_stream_without_exit_frame_is_a_clear_execution_error(
     assert "retry the run" in str(info.value) and "which is being deleted" in str(info.value)
     backend.shutdown()
     assert undeleted_guests(backend_env) == []
+
+
+def test_a_changed_setting_takes_effect_on_the_next_run(
+    backend: CreateOSBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings are parsed once per change of the environment, not once per process."""
+    code = "print('x' * 5000)"
+    assert "truncated" not in backend.run(code).stderr
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", "1024")
+    assert "[createos: stdout truncated at 1 KiB" in backend.run(code).stderr
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_WAIT_SECONDS", "soon")
+    with pytest.raises(SandboxUnavailableError, match="CREATEOS_SANDBOX_MAX_WAIT_SECONDS"):
+        backend.run(code)
+    monkeypatch.delenv("CREATEOS_SANDBOX_MAX_WAIT_SECONDS")
+    monkeypatch.delenv("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES")
+    assert "truncated" not in backend.run(code).stderr
+
