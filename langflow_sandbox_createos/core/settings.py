@@ -271,9 +271,21 @@ class EnvMemo(Generic[T]):
         self._parse = parse
         self._extra = extra
         self._last: tuple[Hashable, T] | None = None
+        # os.environ keeps its values in `_data`, keyed by the encoded names (CPython's
+        # os._Environ): reading it directly skips a str -> bytes -> str round trip per name
+        # on every call. Elsewhere the public mapping is read.
+        data = getattr(os.environ, "_data", None)
+        encode = getattr(os.environ, "encodekey", None)
+        self._encoded = tuple(map(encode, names)) if isinstance(data, dict) and encode else None
+
+    def _values(self) -> tuple[object, ...]:
+        if self._encoded is not None:
+            data = os.environ._data  # type: ignore[attr-defined]
+            return tuple(map(data.get, self._encoded))
+        return tuple(map(os.environ.get, self.names))
 
     def get(self) -> T:
-        key = (tuple(map(os.environ.get, self.names)), self._extra() if self._extra else None)
+        key = (self._values(), self._extra() if self._extra else None)
         last = self._last
         if last is not None and last[0] == key:
             return last[1]
