@@ -7,6 +7,11 @@
 #include <unistd.h>
 
 #define EASY_POOL_MAX 128
+/* Callers drive their own transfers only where nothing in a transfer blocks: libcurl
+ * before 7.87 joins a stuck resolver thread when a transfer ends, which would hold a
+ * driving caller past its deadline. There the helper drives everything (the I/O
+ * thread of old) and callers only wait, each bounded by its own backstop. */
+#define CALLERS_DRIVE COS_HAVE_QUICK_EXIT
 /* The longest a driver sleeps in curl_multi_poll before it looks around again (a
  * close, a cancel, a deadline all wake it at once; this only bounds a lost wake). */
 #define DRIVE_POLL_MAX_MS 1000.0
@@ -170,7 +175,7 @@ static void pass_role_locked(cos_engine *e, size_t keep)
 {
     if (e->driving || e->closed)
         return;
-    if (has_work_locked(e, keep) && e->waiters != NULL && !e->closing) {
+    if (CALLERS_DRIVE && has_work_locked(e, keep) && e->waiters != NULL && !e->closing) {
         pthread_cond_signal(&e->waiters->cv);
         return;
     }
@@ -336,7 +341,7 @@ static int drive(cos_engine *e, cos_req *own, double until_ms, int watch_signals
         if (own != NULL)
             stop = own->done || own->progress;
         else
-            stop = !has_work_locked(e, 0) || (e->waiters != NULL && !e->closing);
+            stop = !has_work_locked(e, 0) || (CALLERS_DRIVE && e->waiters != NULL && !e->closing);
         pthread_mutex_unlock(&e->mu);
         now = cos_now_ms();
         if (stop || now >= until_ms)
@@ -361,13 +366,14 @@ static void *helper_main(void *arg)
     for (;;) {
         if (e->closing && !e->driving && !has_work_locked(e, 0))
             break;
-        if (!e->driving && has_work_locked(e, 0) && (e->waiters == NULL || e->closing)) {
+        if (!e->driving && has_work_locked(e, 0) &&
+            (!CALLERS_DRIVE || e->waiters == NULL || e->closing)) {
             e->driving = 1;
             pthread_mutex_unlock(&e->mu);
             drive(e, NULL, cos_now_ms() + DRIVE_POLL_MAX_MS, 0);
             pthread_mutex_lock(&e->mu);
             e->driving = 0;
-            if (e->waiters != NULL && has_work_locked(e, 0) && !e->closing)
+            if (CALLERS_DRIVE && e->waiters != NULL && has_work_locked(e, 0) && !e->closing)
                 pthread_cond_signal(&e->waiters->cv);
             continue;
         }
@@ -418,7 +424,7 @@ int cos_engine_wait(cos_engine *e, cos_req *r, double until_ms, int watch_signal
 
         if (r->done || r->progress || now >= until_ms)
             break;
-        if (!e->driving) {
+        if (CALLERS_DRIVE && !e->driving) {
             int early;
             e->driving = 1;
             pthread_mutex_unlock(&e->mu);
@@ -459,12 +465,12 @@ static int enqueue(cos_engine *e, cos_req *r, int orphan, cos_err *err)
         cos_err_set(err, COS_E_CLOSED, "the client is closed");
         goto done;
     }
+    /* nobody waits for an orphan: whoever drives, and the helper once no one does */
+    if ((orphan || !CALLERS_DRIVE) && start_helper_locked(e) < 0) {
+        cos_err_set(err, COS_E_OS, "could not start the client's helper thread");
+        goto done;
+    }
     if (orphan) {
-        /* nobody waits for it: whoever drives, and the helper once no one does */
-        if (start_helper_locked(e) < 0) {
-            cos_err_set(err, COS_E_OS, "could not start the client's helper thread");
-            goto done;
-        }
         r->orphaned = 1;
         e->bg_pending++;
     }
@@ -477,7 +483,7 @@ static int enqueue(cos_engine *e, cos_req *r, int orphan, cos_err *err)
     e->queue_tail = r;
     e->n_queued++;
     wake = e->driving;
-    if (orphan)
+    if (orphan || !CALLERS_DRIVE)
         pass_role_locked(e, 0);
     rc = 0;
 done:
