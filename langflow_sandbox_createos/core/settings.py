@@ -273,16 +273,17 @@ class EnvMemo(Generic[T]):
         self._last: tuple[Hashable, T] | None = None
         # os.environ keeps its values in `_data`, keyed by the encoded names (CPython's
         # os._Environ): reading it directly skips a str -> bytes -> str round trip per name
-        # on every call. Elsewhere the public mapping is read.
+        # on every call. Only when `_env` (the mapping every parse reads) is os.environ itself.
         data = getattr(os.environ, "_data", None)
         encode = getattr(os.environ, "encodekey", None)
         self._encoded = tuple(map(encode, names)) if isinstance(data, dict) and encode else None
 
     def _values(self) -> tuple[object, ...]:
-        if self._encoded is not None:
+        environ = _env(None)  # looked up on every call: the mapping the parse will read
+        if environ is os.environ and self._encoded is not None:
             data = os.environ._data  # type: ignore[attr-defined]
             return tuple(map(data.get, self._encoded))
-        return tuple(map(os.environ.get, self.names))
+        return tuple(map(environ.get, self.names))
 
     def get(self) -> T:
         key = (self._values(), self._extra() if self._extra else None)

@@ -291,3 +291,22 @@ def test_lfx_settings_take_part_in_the_memo(bare_backend_env):
     assert settings.current_backend_settings().timeout_seconds == 30
     lfx.timeout_seconds = 55  # set in Langflow's settings, not in the environment
     assert settings.current_backend_settings().timeout_seconds == 55
+
+
+def test_the_memo_reads_the_mapping_the_parse_reads(bare_backend_env):
+    """The memo is keyed on what ``settings._env`` returns, not on os.environ: a caller that
+    points the seam at its own mapping (tests/reliability's per-thread lanes) gets that
+    mapping's settings, and the next read of os.environ gets os.environ's again."""
+    lane: dict[str, str] = {"LANGFLOW_SANDBOX_TIMEOUT_SECONDS": "41"}
+    real_env = settings._env
+    use_lane = False
+    bare_backend_env.setattr(
+        settings, "_env", lambda environ=None: lane if use_lane and environ is None else real_env(environ)
+    )
+    default = settings.current_backend_settings()
+    use_lane = True
+    assert settings.current_backend_settings().timeout_seconds == 41 != default.timeout_seconds
+    lane["LANGFLOW_SANDBOX_TIMEOUT_SECONDS"] = "42"
+    assert settings.current_backend_settings().timeout_seconds == 42
+    use_lane = False
+    assert settings.current_backend_settings() == default
