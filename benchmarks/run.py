@@ -582,12 +582,27 @@ def machine_info(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+ALL_SCENARIOS = frozenset({"S1", "S2", "S3", "S4", "S5", "S6", "S7"})
+
+
+def result_name(only: set[str], quick: bool) -> str:
+    """`latest` for a full run; a partial or quick one never overwrites it (latest.md is the
+    table the README and performance.md quote): `partial-S2-S7`, `quick-...`."""
+    if only >= ALL_SCENARIOS and not quick:
+        return "latest"
+    return ("quick-" if quick else "partial-") + "-".join(sorted(only & ALL_SCENARIOS) or ["none"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="few samples, 128 MiB for S4 (a smoke test)")
-    parser.add_argument("--only", default="S1,S2,S3,S4,S5,S6,S7", help="comma-separated scenarios")
+    parser.add_argument(
+        "--only",
+        default=",".join(sorted(ALL_SCENARIOS)),
+        help="comma-separated scenarios; a subset writes partial-<scenarios>.md, not latest.md",
+    )
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--out", default=str(RESULTS), help="results directory")
     parser.add_argument(
@@ -652,14 +667,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = result_name(only, args.quick)
     (raw / f"{stamp}.json").write_text(json.dumps(doc, indent=1))
-    (raw / "latest.json").write_text(json.dumps(doc, indent=1))
+    (raw / f"{name}.json").write_text(json.dumps(doc, indent=1))
     from report import render_markdown, render_plot  # benchmarks/report.py
 
-    (out / "latest.md").write_text(render_markdown(doc, TARGETS, out))
+    (out / f"{name}.md").write_text(render_markdown(doc, TARGETS, out))
     if not args.no_plot:
-        render_plot(doc, TARGETS, out / "latest.png")
-    log(f"done in {meta['duration_s']:.0f} s: {out / 'latest.md'}")
+        render_plot(doc, TARGETS, out / f"{name}.png")
+    log(f"done in {meta['duration_s']:.0f} s: {out / f'{name}.md'}")
     shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
