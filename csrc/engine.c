@@ -4,14 +4,16 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EASY_POOL_MAX 128
 /* Callers drive their own transfers only where nothing in a transfer blocks: libcurl
- * before 7.87 joins a stuck resolver thread when a transfer ends, which would hold a
- * driving caller past its deadline. There the helper drives everything (the I/O
- * thread of old) and callers only wait, each bounded by its own backstop. */
-#define CALLERS_DRIVE COS_HAVE_QUICK_EXIT
+ * before 7.87 joins a stuck resolver thread when a transfer ends, and a libcurl built
+ * without an asynchronous resolver (threaded or c-ares) runs getaddrinfo inside
+ * curl_multi_perform; either would hold a driving caller past its deadline (and past
+ * Ctrl-C). There the helper drives everything (the I/O thread of old) and callers only
+ * wait, each bounded by its own backstop. Decided once per engine: cos_callers_drive(). */
 /* The longest a driver sleeps in curl_multi_poll before it looks around again (a
  * close, a cancel, a deadline all wake it at once; this only bounds a lost wake). */
 #define DRIVE_POLL_MAX_MS 1000.0
@@ -40,6 +42,7 @@ struct cos_engine {
     pthread_t helper;
     int helper_started, closing, closed;
     int driving;                 /* a thread holds the multi handle */
+    int callers_drive;           /* cos_callers_drive(), when the engine was made */
     cos_req *queue, *queue_tail; /* submitted, not yet on the multi handle */
     cos_req *active;             /* on the multi handle: the driver only */
     size_t n_active;             /* its length, under mu (what others see of it) */
@@ -69,6 +72,12 @@ static void share_unlock(CURL *h, curl_lock_data d, void *ud)
     pthread_mutex_unlock(&e->share_mu);
 }
 
+int cos_callers_drive(void)
+{
+    const curl_version_info_data *info = curl_version_info(CURLVERSION_NOW);
+    return COS_HAVE_QUICK_EXIT && info != NULL && (info->features & CURL_VERSION_ASYNCHDNS) != 0;
+}
+
 cos_engine *cos_engine_new(cos_err *err)
 {
     cos_engine *e = calloc(1, sizeof *e);
@@ -83,6 +92,7 @@ cos_engine *cos_engine_new(cos_err *err)
     pthread_cond_init(&e->helper_cv, &ca);
     pthread_condattr_destroy(&ca);
     e->pid = getpid();
+    e->callers_drive = cos_callers_drive();
     e->multi = curl_multi_init();
     e->share = curl_share_init();
     if (e->multi == NULL || e->share == NULL)
@@ -175,7 +185,7 @@ static void pass_role_locked(cos_engine *e, size_t keep)
 {
     if (e->driving || e->closed)
         return;
-    if (CALLERS_DRIVE && has_work_locked(e, keep) && e->waiters != NULL && !e->closing) {
+    if (e->callers_drive && has_work_locked(e, keep) && e->waiters != NULL && !e->closing) {
         pthread_cond_signal(&e->waiters->cv);
         return;
     }
@@ -341,19 +351,30 @@ static int drive(cos_engine *e, cos_req *own, double until_ms, int watch_signals
         if (own != NULL)
             stop = own->done || own->progress;
         else
-            stop = !has_work_locked(e, 0) || (CALLERS_DRIVE && e->waiters != NULL && !e->closing);
+            stop =
+                !has_work_locked(e, 0) || (e->callers_drive && e->waiters != NULL && !e->closing);
         pthread_mutex_unlock(&e->mu);
         now = cos_now_ms();
         if (stop || now >= until_ms)
             return 0;
-        if (watch_signals && now >= look_by)
-            return 1;
+        if (now >= look_by) {
+            if (watch_signals)
+                return 1;
+            look_by = now + DRIVE_POLL_MAX_MS; /* nothing to look at: the next slice */
+        }
         wait_ms = (until_ms < look_by ? until_ms : look_by) - now;
         /* curl_multi_poll ends at libcurl's next timer too: an early end is one before */
         if (curl_multi_timeout(e->multi, &curl_ms) == CURLM_OK && curl_ms >= 0 &&
             (double)curl_ms < wait_ms)
             wait_ms = (double)curl_ms;
-        curl_multi_poll(e->multi, NULL, 0, (int)wait_ms + 1, &numfds);
+        if (wait_ms < 0.0)
+            wait_ms = 0.0;
+        if (curl_multi_poll(e->multi, NULL, 0, (int)wait_ms + 1, &numfds) != CURLM_OK) {
+            /* never spin on a poll that cannot wait: sleep the slice it asked for */
+            struct timespec pause = {0, (wait_ms < 99.0 ? (long)wait_ms + 1 : 100L) * 1000000L};
+            numfds = 0;
+            nanosleep(&pause, NULL);
+        }
         if (watch_signals && numfds == 0 && cos_now_ms() - now + 1.0 < wait_ms)
             return 1;
     }
@@ -367,13 +388,13 @@ static void *helper_main(void *arg)
         if (e->closing && !e->driving && !has_work_locked(e, 0))
             break;
         if (!e->driving && has_work_locked(e, 0) &&
-            (!CALLERS_DRIVE || e->waiters == NULL || e->closing)) {
+            (!e->callers_drive || e->waiters == NULL || e->closing)) {
             e->driving = 1;
             pthread_mutex_unlock(&e->mu);
             drive(e, NULL, cos_now_ms() + DRIVE_POLL_MAX_MS, 0);
             pthread_mutex_lock(&e->mu);
             e->driving = 0;
-            if (CALLERS_DRIVE && e->waiters != NULL && has_work_locked(e, 0) && !e->closing)
+            if (e->callers_drive && e->waiters != NULL && has_work_locked(e, 0) && !e->closing)
                 pthread_cond_signal(&e->waiters->cv);
             continue;
         }
@@ -424,7 +445,7 @@ int cos_engine_wait(cos_engine *e, cos_req *r, double until_ms, int watch_signal
 
         if (r->done || r->progress || now >= until_ms)
             break;
-        if (CALLERS_DRIVE && !e->driving) {
+        if (e->callers_drive && !e->driving) {
             int early;
             e->driving = 1;
             pthread_mutex_unlock(&e->mu);
@@ -466,7 +487,7 @@ static int enqueue(cos_engine *e, cos_req *r, int orphan, cos_err *err)
         goto done;
     }
     /* nobody waits for an orphan: whoever drives, and the helper once no one does */
-    if ((orphan || !CALLERS_DRIVE) && start_helper_locked(e) < 0) {
+    if ((orphan || !e->callers_drive) && start_helper_locked(e) < 0) {
         cos_err_set(err, COS_E_OS, "could not start the client's helper thread");
         goto done;
     }
@@ -483,7 +504,7 @@ static int enqueue(cos_engine *e, cos_req *r, int orphan, cos_err *err)
     e->queue_tail = r;
     e->n_queued++;
     wake = e->driving;
-    if (orphan || !CALLERS_DRIVE)
+    if (orphan || !e->callers_drive)
         pass_role_locked(e, 0);
     rc = 0;
 done:

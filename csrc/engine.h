@@ -42,6 +42,10 @@ typedef struct cos_outcome {
 
 typedef struct cos_engine cos_engine;
 
+/* Whether callers drive their own transfers with the libcurl loaded (1), or a helper
+ * thread drives every transfer (0: libcurl before 7.87, or no asynchronous resolver). */
+int cos_callers_drive(void);
+
 cos_engine *cos_engine_new(cos_err *err);
 pid_t cos_engine_pid(const cos_engine *e);
 CURLSH *cos_engine_share(cos_engine *e);

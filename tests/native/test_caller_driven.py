@@ -21,9 +21,11 @@ from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 from .conftest import SHAPE
 
-# libcurl before 7.87 joins a stuck resolver thread: there the helper drives every transfer
+# libcurl before 7.87 joins a stuck resolver thread, and one without an asynchronous resolver
+# resolves inside the transfer: there the helper drives every transfer
 pytestmark = pytest.mark.skipif(
-    "quick_exit" not in _createos.build_features, reason="callers drive only with CURLOPT_QUICK_EXIT"
+    not _createos.callers_drive,
+    reason="callers drive only with CURLOPT_QUICK_EXIT and an asynchronous resolver",
 )
 
 
@@ -76,3 +78,26 @@ def test_a_wait_ends_on_its_transfer_not_in_slices(client: _createos.Client, san
     # landed outside its poll): a few more wake-ups, still far from 20
     counts.append(_voluntary_switches_during(quiet_exec))
     assert all(n < 10 for n in counts), counts
+
+
+def test_a_quiet_wait_past_the_first_second_sleeps(client: _createos.Client, sandbox: dict) -> None:
+    """A worker thread (it does not watch signals) waiting 4 s on an exec that prints nothing
+    sleeps in poll all along. Its look at the clock every second once left the poll timeout
+    negative after the first second: the thread spun, using a core until the answer came."""
+
+    def quiet_exec() -> None:
+        r = client.exec(sandbox["id"], "sleep", ["4"], timeout=20, stream=True)
+        assert r.exit_code == 0
+
+    cpu: list[float] = []
+
+    def measured() -> None:
+        start = time.thread_time()
+        quiet_exec()
+        cpu.append(time.thread_time() - start)
+
+    worker = threading.Thread(target=measured)
+    worker.start()
+    worker.join()
+    # sleeping: a few ms of CPU; spinning for 3 s gets well over 0.1 s even on a loaded machine
+    assert cpu and cpu[0] < 0.1, f"the waiting thread used {cpu[0]:.3f} s of CPU in a 4 s quiet wait"
