@@ -1,6 +1,6 @@
 """Where one cold executor run's time goes, measured against createos-local.
 
-    .venv/bin/python benchmarks/executor_breakdown.py [--rounds 5] [--rootfs devbox:1]
+    .venv/bin/python benchmarks/executor_breakdown.py [--rounds 5] [--rootfs langflow-lfx]
 
 Per round, ChatInput -> ChatOutput through the executor's own run machinery, the host notes
 when each of the guest runner's frames arrives, counted from the start of the exec:
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from langflow_sandbox_createos.core import connection, guest_spec, settings
 from langflow_sandbox_createos.executor.run import _Run
 from langflow_sandbox_createos.executor.spec import build_spec
+from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 PHASES = ("hello", "ready", "graph", "vertex1", "outputs", "exit")
@@ -89,7 +90,7 @@ def plain_exec(client: Any, sandbox_id: str, code: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--rootfs", default="devbox:1")
+    parser.add_argument("--rootfs", default=TEMPLATE_NAME, help="a rootfs with lfx (devbox:1 has none)")
     args = parser.parse_args()
     with LocalControlPlane() as cp:
         os.environ.update(

@@ -1,7 +1,7 @@
 """Side-by-side benchmark: this plugin ("ours") against langflow-sandbox-createos 0.2.0 ("peer").
 
     make bench                       # the one entry point (builds the peer venv if missing)
-    .venv/bin/python benchmarks/run.py [--quick] [--only S1,S2] [--no-plot]
+    .venv/bin/python benchmarks/run.py [--quick] [--only S1,S2] [--no-plot] [--ours-root WORKTREE]
 
 One createos-local serves both plugins. Each plugin runs in its own long-lived worker
 process (benchmarks/worker.py under its own venv: the two distributions share an import
@@ -150,6 +150,12 @@ def worker_env(cp: LocalControlPlane) -> dict[str, str]:
         }
     )
     return env
+
+
+def ours_env(env: dict[str, str], root: Path) -> dict[str, str]:
+    """Our worker's environment: `root`'s package first on sys.path, ahead of the editable
+    install in .venv, so a worktree's copy (with its in-place build) is what runs."""
+    return {**env, "PYTHONPATH": str(root)}
 
 
 # --- statistics ------------------------------------------------------------------------------
@@ -327,7 +333,7 @@ class Bench:
         ours, peer = interleave(rounds, lambda: one("ours"), lambda: one("peer"))
         self.record("S3_runs_per_s", ours, peer, unit="runs/s", better="higher", detail=detail)
 
-    def s4(self, pythons: dict[str, Path | str], env: dict[str, str], cwd: str) -> None:
+    def s4(self, pythons: dict[str, Path | str], envs: dict[str, dict[str, str]], cwd: str) -> None:
         log("S4: a guest prints 512 MiB; peak RSS growth of a fresh worker")
         self.settle()
         self.faults(NO_FAULTS)
@@ -337,7 +343,7 @@ class Bench:
         # on this machine, and a peak RSS is far less noisy than a latency.
         for trial in range(self.n(2, 1)):
             for name in ("ours", "peer") if trial == 0 else ("ours",):
-                worker = Worker(f"s4-{name}", pythons[name], env, cwd)
+                worker = Worker(f"s4-{name}", pythons[name], envs[name], cwd)
                 try:
                     r = worker.call("big_output", mib=mib)
                 finally:
@@ -576,14 +582,35 @@ def machine_info(infos: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+ALL_SCENARIOS = frozenset({"S1", "S2", "S3", "S4", "S5", "S6", "S7"})
+
+
+def result_name(only: set[str], quick: bool) -> str:
+    """`latest` for a full run; a partial or quick one never overwrites it (latest.md is the
+    table the README and performance.md quote): `partial-S2-S7`, `quick-...`."""
+    if only >= ALL_SCENARIOS and not quick:
+        return "latest"
+    return ("quick-" if quick else "partial-") + "-".join(sorted(only & ALL_SCENARIOS) or ["none"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="few samples, 128 MiB for S4 (a smoke test)")
-    parser.add_argument("--only", default="S1,S2,S3,S4,S5,S6,S7", help="comma-separated scenarios")
+    parser.add_argument(
+        "--only",
+        default=",".join(sorted(ALL_SCENARIOS)),
+        help="comma-separated scenarios; a subset writes partial-<scenarios>.md, not latest.md",
+    )
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--out", default=str(RESULTS), help="results directory")
+    parser.add_argument(
+        "--ours-root",
+        default=str(ROOT),
+        help="the checkout (a worktree, say) whose langflow_sandbox_createos, built in place, is 'ours' "
+        "(default: the one this script is in, whatever .venv has installed)",
+    )
     args = parser.parse_args(argv)
     only = {s.strip().upper() for s in args.only.split(",") if s.strip()}
     out = Path(args.out)
@@ -596,13 +623,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # receives what its guest printed, as the real service would send it; the default cap
     # of createos-local (64 MiB) would hide most of S4's cost.
     extra = ["--max-exec-output-bytes", str(1 << 30), "--max-sandboxes", "5000"]
+    ours_root = Path(args.ours_root).resolve()
     with LocalControlPlane(api_key=API_KEY, boot_delay_ms=0, extra_args=extra) as cp:
         env = worker_env(cp)
-        ours = Worker("ours", pythons["ours"], env, scratch)
+        ours = Worker("ours", pythons["ours"], ours_env(env, ours_root), scratch)
         peer = Worker("peer", pythons["peer"], env, scratch)
         try:
             infos = {"ours": ours.call("info"), "peer": peer.call("info")}
             assert infos["ours"]["plugin"] == "ours" and infos["peer"]["plugin"] == "peer", infos
+            assert Path(infos["ours"]["package"]).is_relative_to(ours_root), (infos["ours"], ours_root)
             log(
                 f"ours {infos['ours']['plugin_version']} (libcurl {infos['ours'].get('libcurl')}), "
                 f"peer {infos['peer']['plugin_version']}, lfx {infos['ours']['lfx']}/{infos['peer']['lfx']}"
@@ -623,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "S7" in only:
                 bench.s7()
             if "S4" in only:
-                bench.s4(pythons, env, scratch)
+                bench.s4(pythons, {"ours": ours_env(env, ours_root), "peer": env}, scratch)
         finally:
             ours.close()
             peer.close()
@@ -638,14 +667,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = result_name(only, args.quick)
     (raw / f"{stamp}.json").write_text(json.dumps(doc, indent=1))
-    (raw / "latest.json").write_text(json.dumps(doc, indent=1))
+    (raw / f"{name}.json").write_text(json.dumps(doc, indent=1))
     from report import render_markdown, render_plot  # benchmarks/report.py
 
-    (out / "latest.md").write_text(render_markdown(doc, TARGETS, out))
+    (out / f"{name}.md").write_text(render_markdown(doc, TARGETS, out))
     if not args.no_plot:
-        render_plot(doc, TARGETS, out / "latest.png")
-    log(f"done in {meta['duration_s']:.0f} s: {out / 'latest.md'}")
+        render_plot(doc, TARGETS, out / f"{name}.png")
+    log(f"done in {meta['duration_s']:.0f} s: {out / f'{name}.md'}")
     shutil.rmtree(scratch, ignore_errors=True)
     return 0
 

@@ -81,6 +81,9 @@ def op_info(_: dict[str, Any]) -> dict[str, Any]:
         "python": sys.version.split()[0],
         "pid": os.getpid(),
     }
+    import langflow_sandbox_createos
+
+    info["package"] = os.path.dirname(langflow_sandbox_createos.__file__)  # which copy runs
     if OURS:
         from langflow_sandbox_createos import _createos
 

@@ -120,6 +120,7 @@ static int call_start(native_call *nc, ClientObject *self, PyObject *on_output)
     nc->ctx.ud = nc;
     nc->ctx.err = &nc->err;
     nc->ctx.live_output = on_output != NULL;
+    nc->ctx.watch_signals = cos_on_main_thread(); /* only there does Python run handlers */
     return nc->ctx.eng != NULL ? 0 : -1;
 }
 
@@ -1160,7 +1161,7 @@ static PyMethodDef client_methods[] = {
      "Background deletes in flight."},
     {"stats", (PyCFunction)c_stats, METH_NOARGS, "Counters."},
     {"close", (PyCFunction)c_close, METH_NOARGS,
-     "Stop the I/O thread (background deletes finish first)."},
+     "Stop the client (background deletes finish first)."},
     {"__enter__", (PyCFunction)c_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)c_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

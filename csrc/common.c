@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 void cos_err_clear(cos_err *err)
 {
@@ -394,6 +396,15 @@ void cos_strlcpy(char *dst, const char *src, size_t dstcap)
         n = dstcap - 1;
     memcpy(dst, src, n);
     dst[n] = '\0';
+}
+
+int cos_on_main_thread(void)
+{
+#ifdef SYS_gettid
+    return (pid_t)syscall(SYS_gettid) == getpid();
+#else
+    return 1; /* unknown: look at signals, as every thread did before */
+#endif
 }
 
 double cos_now_ms(void)

@@ -84,8 +84,8 @@ int cos_outbuf_append(cos_outbuf *b, const char *s, size_t n); /* -1 on ENOMEM *
  * split a UTF-8 sequence. */
 size_t cos_utf8_cut(const char *s, size_t n, size_t room);
 
-/* Everything an exec produced. The mutex guards out[] against the I/O thread
- * while a stream is live. */
+/* Everything an exec produced. The mutex guards out[] against the driver
+ * (another thread, when the owner is not driving) while a stream is live. */
 typedef struct cos_exec_out {
     pthread_mutex_t mu;
     cos_outbuf out[2]; /* 0 stdout, 1 stderr */
@@ -153,6 +153,8 @@ void cos_wipe(void *p, size_t n);
 void cos_strlcpy(char *dst, const char *src, size_t dstcap);
 
 double cos_now_ms(void); /* CLOCK_MONOTONIC */
+/* Whether this is the process's first thread, the one Python runs signal handlers on. */
+int cos_on_main_thread(void);
 struct timespec;
 /* The CLOCK_MONOTONIC instant ms from now, for pthread_cond_timedwait. */
 void cos_deadline_in(double ms, struct timespec *ts);

@@ -1,11 +1,22 @@
 #include "engine.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EASY_POOL_MAX 128
+/* Callers drive their own transfers only where nothing in a transfer blocks: libcurl
+ * before 7.87 joins a stuck resolver thread when a transfer ends, and a libcurl built
+ * without an asynchronous resolver (threaded or c-ares) runs getaddrinfo inside
+ * curl_multi_perform; either would hold a driving caller past its deadline (and past
+ * Ctrl-C). There the helper drives everything (the I/O thread of old) and callers only
+ * wait, each bounded by its own backstop. Decided once per engine: cos_callers_drive(). */
+/* The longest a driver sleeps in curl_multi_poll before it looks around again (a
+ * close, a cancel, a deadline all wake it at once; this only bounds a lost wake). */
+#define DRIVE_POLL_MAX_MS 1000.0
 
 const char *const cos_stat_names[COS_STAT_COUNT] = {
     "requests",       "connections_opened", "bytes_received",   "bytes_sent",       "streams",
@@ -13,17 +24,30 @@ const char *const cos_stat_names[COS_STAT_COUNT] = {
     "deletes_queued", "deletes_done",       "deletes_failed",   "outcomes_dropped",
 };
 
+/* Who drives the multi handle: whichever thread holds the role (`driving`). A caller
+ * takes it while it waits for its own request and no one else holds it, so a call
+ * made alone runs on the caller's thread from start to end, woken by its own sockets.
+ * A caller that finds the role taken sleeps on its request's condition variable
+ * until the request is done, has output, or the role is handed to it. Work left when
+ * the last caller lets go (background deletes, abandoned requests) goes to a helper
+ * thread, started on first need. */
 struct cos_engine {
-    pthread_mutex_t mu; /* queue, pool, stats, outcomes, flags */
+    pthread_mutex_t mu; /* queue, roles, waiters, request hand-shakes, pool, stats, outcomes */
     pthread_cond_t bg_cv;
+    pthread_cond_t helper_cv; /* the helper: work without a driver, or closing */
     pthread_mutex_t share_mu;
     pid_t pid;
     CURLM *multi;
     CURLSH *share;
-    pthread_t thread;
-    int started, closing, closed;
+    pthread_t helper;
+    int helper_started, closing, closed;
+    int driving;                 /* a thread holds the multi handle */
+    int callers_drive;           /* cos_callers_drive(), when the engine was made */
     cos_req *queue, *queue_tail; /* submitted, not yet on the multi handle */
-    cos_req *active;             /* on the multi handle: I/O thread only */
+    cos_req *active;             /* on the multi handle: the driver only */
+    size_t n_active;             /* its length, under mu (what others see of it) */
+    size_t n_queued;             /* the queue's length */
+    cos_req *waiters;            /* owners asleep while another thread drives */
     CURL *pool[EASY_POOL_MAX];
     int pool_n;
     cos_outcome *outcomes, *outcomes_tail;
@@ -48,6 +72,12 @@ static void share_unlock(CURL *h, curl_lock_data d, void *ud)
     pthread_mutex_unlock(&e->share_mu);
 }
 
+int cos_callers_drive(void)
+{
+    const curl_version_info_data *info = curl_version_info(CURLVERSION_NOW);
+    return COS_HAVE_QUICK_EXIT && info != NULL && (info->features & CURL_VERSION_ASYNCHDNS) != 0;
+}
+
 cos_engine *cos_engine_new(cos_err *err)
 {
     cos_engine *e = calloc(1, sizeof *e);
@@ -59,8 +89,10 @@ cos_engine *cos_engine_new(cos_err *err)
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&e->bg_cv, &ca);
+    pthread_cond_init(&e->helper_cv, &ca);
     pthread_condattr_destroy(&ca);
     e->pid = getpid();
+    e->callers_drive = cos_callers_drive();
     e->multi = curl_multi_init();
     e->share = curl_share_init();
     if (e->multi == NULL || e->share == NULL)
@@ -136,7 +168,32 @@ void cos_engine_stats(cos_engine *e, uint64_t out[COS_STAT_COUNT])
     pthread_mutex_unlock(&e->mu);
 }
 
-/* I/O thread: the request is finished; tell its owner or finish it here. */
+/* Requests in flight beyond `keep` (those whose owners come back for them). */
+static int has_work_locked(const cos_engine *e, size_t keep)
+{
+    return e->n_queued + e->n_active > keep;
+}
+
+/* Start the helper thread (mu held). -1 when the thread could not start. */
+static int start_helper_locked(cos_engine *e);
+
+/* The role is free (mu held): if work is left beyond the `keep` requests whose owners
+ * come back for them at once (a caller between two waits), wake an owner that waits
+ * (it drives its own request and the rest with it), else the helper; a closing
+ * engine always wakes the helper, which finishes the work and ends. */
+static void pass_role_locked(cos_engine *e, size_t keep)
+{
+    if (e->driving || e->closed)
+        return;
+    if (e->callers_drive && has_work_locked(e, keep) && e->waiters != NULL && !e->closing) {
+        pthread_cond_signal(&e->waiters->cv);
+        return;
+    }
+    if ((has_work_locked(e, keep) || e->closing) && start_helper_locked(e) == 0)
+        pthread_cond_signal(&e->helper_cv);
+}
+
+/* The driver: the request is finished; tell its owner or finish it here. */
 static void complete(cos_engine *e, cos_req *r)
 {
     int orphan;
@@ -159,15 +216,12 @@ static void complete(cos_engine *e, cos_req *r)
         e->stats[COS_STAT_TRANSPORT_ERRORS]++;
     else if (r->meta.status >= 300)
         e->stats[COS_STAT_HTTP_ERRORS]++;
-    pthread_mutex_unlock(&e->mu);
-
-    pthread_mutex_lock(&r->mu);
     orphan = r->orphaned;
     if (!orphan) {
         r->done = 1;
         pthread_cond_signal(&r->cv);
     }
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&e->mu);
     if (orphan) {
         int background = !r->abandoned; /* an abandoned foreground request is no delete */
         if (r->on_orphan_done != NULL)
@@ -191,128 +245,271 @@ static void drop(cos_engine *e, cos_req *r, int on_multi)
     complete(e, r);
 }
 
-static int is_orphan(cos_req *r)
+/* Whether the driver must drop the request now: its owner cancelled it, or the engine
+ * closes and it is no background work. */
+static int must_drop(cos_engine *e, cos_req *r, int closing)
 {
-    int o;
-    pthread_mutex_lock(&r->mu);
-    o = r->orphaned;
-    pthread_mutex_unlock(&r->mu);
-    return o;
+    int orphan;
+    if (atomic_load(&r->cancel))
+        return 1;
+    if (!closing)
+        return 0;
+    pthread_mutex_lock(&e->mu);
+    orphan = r->orphaned;
+    pthread_mutex_unlock(&e->mu);
+    return !orphan;
 }
 
-static void *io_main(void *arg)
+/* The driver: submitted requests onto the multi handle, cancelled ones off it. */
+static void intake(cos_engine *e)
 {
-    cos_engine *e = arg;
-    for (;;) {
-        cos_req *incoming, *r, *next, **pp;
-        CURLMsg *msg;
-        int running = 0, left, closing;
+    cos_req *incoming, *r, *next, **pp;
+    int closing;
+    size_t added = 0, removed = 0;
 
-        pthread_mutex_lock(&e->mu);
-        incoming = e->queue;
-        e->queue = e->queue_tail = NULL;
-        closing = e->closing;
-        pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&e->mu);
+    incoming = e->queue;
+    e->queue = e->queue_tail = NULL;
+    e->n_queued = 0;
+    closing = e->closing;
+    pthread_mutex_unlock(&e->mu);
 
-        for (r = incoming; r != NULL; r = next) {
-            next = r->next;
-            if (atomic_load(&r->cancel) || (closing && !is_orphan(r))) {
-                drop(e, r, 0);
-                continue;
-            }
-            if (curl_multi_add_handle(e->multi, r->easy) != CURLM_OK) {
-                r->rc = CURLE_OUT_OF_MEMORY;
-                complete(e, r);
-                continue;
-            }
-            r->next = e->active;
-            e->active = r;
-        }
-        /* cancelled requests (and, when closing, every foreground one) */
-        for (pp = &e->active; *pp != NULL;) {
-            r = *pp;
-            if (atomic_load(&r->cancel) || (closing && !is_orphan(r))) {
-                *pp = r->next;
-                drop(e, r, 1);
-            } else {
-                pp = &r->next;
-            }
-        }
-        if (closing && e->active == NULL) {
-            pthread_mutex_lock(&e->mu);
-            if (e->queue == NULL) {
-                e->closed = 1;
-                pthread_mutex_unlock(&e->mu);
-                break;
-            }
-            pthread_mutex_unlock(&e->mu);
+    for (r = incoming; r != NULL; r = next) {
+        next = r->next;
+        if (must_drop(e, r, closing)) {
+            drop(e, r, 0);
             continue;
         }
+        if (curl_multi_add_handle(e->multi, r->easy) != CURLM_OK) {
+            r->rc = CURLE_OUT_OF_MEMORY;
+            complete(e, r);
+            continue;
+        }
+        r->next = e->active;
+        e->active = r;
+        added++;
+    }
+    for (pp = &e->active; *pp != NULL;) {
+        r = *pp;
+        if (must_drop(e, r, closing)) {
+            *pp = r->next;
+            drop(e, r, 1);
+            removed++;
+        } else {
+            pp = &r->next;
+        }
+    }
+    pthread_mutex_lock(&e->mu);
+    e->n_active = e->n_active + added - removed; /* others read it only while no one drives */
+    pthread_mutex_unlock(&e->mu);
+}
 
-        curl_multi_perform(e->multi, &running);
-        while ((msg = curl_multi_info_read(e->multi, &left)) != NULL) {
-            if (msg->msg != CURLMSG_DONE)
-                continue;
-            for (pp = &e->active; *pp != NULL; pp = &(*pp)->next) {
-                if ((*pp)->easy == msg->easy_handle) {
-                    r = *pp;
-                    *pp = r->next;
-                    r->rc = msg->data.result;
-                    curl_multi_remove_handle(e->multi, r->easy);
-                    complete(e, r);
-                    break;
-                }
+/* The driver: complete what finished. */
+static void reap(cos_engine *e)
+{
+    CURLMsg *msg;
+    int left;
+    while ((msg = curl_multi_info_read(e->multi, &left)) != NULL) {
+        cos_req *r, **pp;
+        if (msg->msg != CURLMSG_DONE)
+            continue;
+        for (pp = &e->active; *pp != NULL; pp = &(*pp)->next) {
+            if ((*pp)->easy == msg->easy_handle) {
+                r = *pp;
+                *pp = r->next;
+                r->rc = msg->data.result;
+                curl_multi_remove_handle(e->multi, r->easy);
+                pthread_mutex_lock(&e->mu);
+                e->n_active--;
+                pthread_mutex_unlock(&e->mu);
+                complete(e, r);
+                break;
             }
         }
-        curl_multi_poll(e->multi, NULL, 0, 1000, NULL);
     }
+}
+
+/* Drive the multi handle (the caller holds the role) until `until_ms`, or until `own`
+ * is done or has output; own NULL (the helper): until no work is left, or an owner
+ * waits and the engine is not closing (that owner drives then). Returns 1 when
+ * watch_signals and a signal may have arrived: the poll ended early without a
+ * socket to serve and before libcurl's own timer (EINTR, or a wake-up from another
+ * thread), or DRIVE_POLL_MAX_MS passed since the last look (a signal that landed
+ * outside the poll). Only the binding can tell. */
+static int drive(cos_engine *e, cos_req *own, double until_ms, int watch_signals)
+{
+    double look_by = cos_now_ms() + DRIVE_POLL_MAX_MS;
+    for (;;) {
+        int running = 0, numfds = 0, stop;
+        long curl_ms = -1;
+        double now, wait_ms;
+
+        intake(e);
+        curl_multi_perform(e->multi, &running);
+        reap(e);
+        pthread_mutex_lock(&e->mu);
+        if (own != NULL)
+            stop = own->done || own->progress;
+        else
+            stop =
+                !has_work_locked(e, 0) || (e->callers_drive && e->waiters != NULL && !e->closing);
+        pthread_mutex_unlock(&e->mu);
+        now = cos_now_ms();
+        if (stop || now >= until_ms)
+            return 0;
+        if (now >= look_by) {
+            if (watch_signals)
+                return 1;
+            look_by = now + DRIVE_POLL_MAX_MS; /* nothing to look at: the next slice */
+        }
+        wait_ms = (until_ms < look_by ? until_ms : look_by) - now;
+        /* curl_multi_poll ends at libcurl's next timer too: an early end is one before */
+        if (curl_multi_timeout(e->multi, &curl_ms) == CURLM_OK && curl_ms >= 0 &&
+            (double)curl_ms < wait_ms)
+            wait_ms = (double)curl_ms;
+        if (wait_ms < 0.0)
+            wait_ms = 0.0;
+        if (curl_multi_poll(e->multi, NULL, 0, (int)wait_ms + 1, &numfds) != CURLM_OK) {
+            /* never spin on a poll that cannot wait: sleep the slice it asked for */
+            struct timespec pause = {0, (wait_ms < 99.0 ? (long)wait_ms + 1 : 100L) * 1000000L};
+            numfds = 0;
+            nanosleep(&pause, NULL);
+        }
+        if (watch_signals && numfds == 0 && cos_now_ms() - now + 1.0 < wait_ms)
+            return 1;
+    }
+}
+
+static void *helper_main(void *arg)
+{
+    cos_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        if (e->closing && !e->driving && !has_work_locked(e, 0))
+            break;
+        if (!e->driving && has_work_locked(e, 0) &&
+            (!e->callers_drive || e->waiters == NULL || e->closing)) {
+            e->driving = 1;
+            pthread_mutex_unlock(&e->mu);
+            drive(e, NULL, cos_now_ms() + DRIVE_POLL_MAX_MS, 0);
+            pthread_mutex_lock(&e->mu);
+            e->driving = 0;
+            if (e->callers_drive && e->waiters != NULL && has_work_locked(e, 0) && !e->closing)
+                pthread_cond_signal(&e->waiters->cv);
+            continue;
+        }
+        pthread_cond_wait(&e->helper_cv, &e->mu);
+    }
+    e->closed = 1;
+    pthread_mutex_unlock(&e->mu);
     return NULL;
 }
 
-static int start_locked(cos_engine *e, cos_err *err)
+static int start_helper_locked(cos_engine *e)
 {
     sigset_t all, old;
     int rc;
-    if (e->started)
+    if (e->helper_started)
         return 0;
     /* signals belong to the interpreter's main thread, never to ours */
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    rc = pthread_create(&e->thread, NULL, io_main, e);
+    rc = pthread_create(&e->helper, NULL, helper_main, e);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
-        cos_err_set(err, COS_E_OS, "could not start the I/O thread");
-        err->os_errno = rc;
+    if (rc != 0)
         return -1;
-    }
-    e->started = 1;
+    e->helper_started = 1;
     return 0;
+}
+
+static void unlink_waiter_locked(cos_engine *e, cos_req *r)
+{
+    cos_req **pp;
+    for (pp = &e->waiters; *pp != NULL; pp = &(*pp)->wnext) {
+        if (*pp == r) {
+            *pp = r->wnext;
+            break;
+        }
+    }
+    r->wnext = NULL;
+}
+
+int cos_engine_wait(cos_engine *e, cos_req *r, double until_ms, int watch_signals)
+{
+    int done;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        double now = cos_now_ms(), ms;
+        struct timespec ts;
+        int rc;
+
+        if (r->done || r->progress || now >= until_ms)
+            break;
+        if (e->callers_drive && !e->driving) {
+            int early;
+            e->driving = 1;
+            pthread_mutex_unlock(&e->mu);
+            early = drive(e, r, until_ms, watch_signals);
+            pthread_mutex_lock(&e->mu);
+            e->driving = 0;
+            pass_role_locked(e, r->done ? 0 : 1);
+            if (early)
+                break;
+            continue;
+        }
+        /* another thread drives: asleep until done, output, our turn or the deadline.
+         * A condition variable is deaf to signals, so the main thread looks at them
+         * every COS_SIGNAL_CHECK_MS while it sleeps here. */
+        ms = until_ms - now;
+        if (watch_signals && ms > COS_SIGNAL_CHECK_MS)
+            ms = COS_SIGNAL_CHECK_MS;
+        r->wnext = e->waiters;
+        e->waiters = r;
+        cos_deadline_in(ms, &ts);
+        rc = pthread_cond_timedwait(&r->cv, &e->mu, &ts);
+        unlink_waiter_locked(e, r);
+        if (rc == ETIMEDOUT && watch_signals)
+            break;
+    }
+    r->progress = 0;
+    done = r->done;
+    pass_role_locked(e, done ? 0 : 1); /* a turn handed to us and not taken goes on */
+    pthread_mutex_unlock(&e->mu);
+    return done;
 }
 
 static int enqueue(cos_engine *e, cos_req *r, int orphan, cos_err *err)
 {
-    int rc = -1;
+    int rc = -1, wake = 0;
     pthread_mutex_lock(&e->mu);
     if (e->closing || e->closed) {
         cos_err_set(err, COS_E_CLOSED, "the client is closed");
         goto done;
     }
-    if (start_locked(e, err) < 0)
+    /* nobody waits for an orphan: whoever drives, and the helper once no one does */
+    if ((orphan || !e->callers_drive) && start_helper_locked(e) < 0) {
+        cos_err_set(err, COS_E_OS, "could not start the client's helper thread");
         goto done;
+    }
     if (orphan) {
         r->orphaned = 1;
         e->bg_pending++;
     }
+    r->handshake = &e->mu;
     r->next = NULL;
     if (e->queue_tail)
         e->queue_tail->next = r;
     else
         e->queue = r;
     e->queue_tail = r;
+    e->n_queued++;
+    wake = e->driving;
+    if (orphan || !e->callers_drive)
+        pass_role_locked(e, 0);
     rc = 0;
 done:
     pthread_mutex_unlock(&e->mu);
-    if (rc == 0)
+    if (wake)
         curl_multi_wakeup(e->multi);
     return rc;
 }
@@ -337,13 +534,12 @@ int cos_engine_detach(cos_engine *e, cos_req *r)
 {
     int done;
     pthread_mutex_lock(&e->mu);
-    pthread_mutex_lock(&r->mu);
     done = r->done;
     if (!done) {
         r->orphaned = 1;
         e->bg_pending++;
+        pass_role_locked(e, 0); /* its owner drives no more */
     }
-    pthread_mutex_unlock(&r->mu);
     pthread_mutex_unlock(&e->mu);
     return done;
 }
@@ -351,14 +547,17 @@ int cos_engine_detach(cos_engine *e, cos_req *r)
 int cos_engine_abandon(cos_engine *e, cos_req *r)
 {
     int done;
-    (void)e;
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(&r->mu); /* the callbacks read `abandoned` under r->mu */
     done = r->done;
     if (!done) {
         r->orphaned = 1;
         r->abandoned = 1;
     }
     pthread_mutex_unlock(&r->mu);
+    if (!done)
+        pass_role_locked(e, 0);
+    pthread_mutex_unlock(&e->mu);
     return done;
 }
 
@@ -454,13 +653,18 @@ void cos_engine_close(cos_engine *e)
         return;
     }
     e->closing = 1;
-    started = e->started;
+    /* the helper finishes what is left: drops foreground requests, lets background
+     * deletes end, and waits for a caller still driving to let go */
+    if (e->driving || has_work_locked(e, 0))
+        start_helper_locked(e);
+    started = e->helper_started;
     if (!started)
         e->closed = 1;
+    pthread_cond_signal(&e->helper_cv);
     pthread_mutex_unlock(&e->mu);
     if (started) {
         curl_multi_wakeup(e->multi);
-        pthread_join(e->thread, NULL);
+        pthread_join(e->helper, NULL);
     }
     pthread_mutex_lock(&e->mu);
     e->closed = 1;
@@ -483,6 +687,7 @@ void cos_engine_free(cos_engine *e)
     curl_share_cleanup(e->share);
     cos_outcomes_free(e->outcomes);
     pthread_cond_destroy(&e->bg_cv);
+    pthread_cond_destroy(&e->helper_cv);
     pthread_mutex_destroy(&e->share_mu);
     pthread_mutex_destroy(&e->mu);
     free(e);

@@ -77,17 +77,22 @@ static size_t write_cb(char *data, size_t size, size_t nmemb, void *ud)
     }
     if (r->mode == COS_RESP_STREAM) {
         int rc = COS_ND_STOPPED;
+        int notify = 0;
         pthread_mutex_lock(&r->mu);
         if (!r->abandoned) {
             pthread_mutex_lock(&r->xo->mu);
             rc = cos_ndjson_feed(&r->nd, data, n);
             pthread_mutex_unlock(&r->xo->mu);
-            if (r->notify_output) {
-                r->progress = 1;
-                pthread_cond_signal(&r->cv);
-            }
+            notify = r->notify_output;
         }
         pthread_mutex_unlock(&r->mu);
+        if (notify) {
+            /* the request lives until the driver (this thread) completes it */
+            pthread_mutex_lock(r->handshake);
+            r->progress = 1;
+            pthread_cond_signal(&r->cv);
+            pthread_mutex_unlock(r->handshake);
+        }
         if (rc != COS_ND_OK) {
             r->nd_rc = rc;
             return 0;
@@ -254,10 +259,10 @@ static CURLcode set_transport(CURL *easy, cos_req *r, const cos_cfg *cfg, CURLSH
      * stream nor fill the response's status, request id or Retry-After */
     c |= curl_easy_setopt(easy, CURLOPT_SUPPRESS_CONNECT_HEADERS, 1L);
 #if COS_HAVE_QUICK_EXIT
-    /* a stuck resolver thread is abandoned, not joined: the I/O thread never
-     * waits for getaddrinfo past a deadline or a cancel (older libcurl joins it:
-     * each call still ends at its deadline through the caller's backstop, but
-     * the I/O thread, and so the client's other calls and close(), wait) */
+    /* a stuck resolver thread is abandoned, not joined: the driver never waits
+     * for getaddrinfo past a deadline or a cancel (older libcurl joins it: the
+     * driving thread, and so its own call, waits for getaddrinfo; calls waiting
+     * behind it still end at their deadline through their backstop) */
     c |= curl_easy_setopt(easy, CURLOPT_QUICK_EXIT, 1L);
 #endif
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
@@ -356,20 +361,4 @@ CURL *cos_req_free(cos_req *r)
     pthread_mutex_destroy(&r->mu);
     free(r);
     return easy;
-}
-
-int cos_req_wait(cos_req *r, double ms)
-{
-    struct timespec ts;
-    int done;
-
-    cos_deadline_in(ms, &ts);
-    pthread_mutex_lock(&r->mu);
-    while (!r->done && !r->progress)
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0)
-            break;
-    r->progress = 0;
-    done = r->done;
-    pthread_mutex_unlock(&r->mu);
-    return done;
 }

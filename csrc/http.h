@@ -1,6 +1,7 @@
 /* One HTTP request: its easy handle, headers, body, bounded capture of the
- * response and what the response said about itself. Performed by the engine's
- * I/O thread; owned by the calling thread (or, once orphaned, by the engine). */
+ * response and what the response said about itself. Performed by whichever
+ * thread drives the engine (usually its owner); owned by the calling thread (or,
+ * once orphaned, by the engine). */
 #ifndef COS_HTTP_H
 #define COS_HTTP_H
 
@@ -55,7 +56,7 @@ struct cos_req {
     cos_resp_mode mode;
     size_t body_cap;
     long timeout_ms;
-    /* Caller memory, touched by the I/O thread only under mu and only while
+    /* Caller memory, touched by the driver only under mu and only while
      * !abandoned: a caller that stops waiting never leaves it dangling. */
     FILE *upload;
     const char *upload_mem;
@@ -65,7 +66,7 @@ struct cos_req {
     cos_ndjson nd;
     int nd_rc;
 
-    /* results, written by the I/O thread, read by the owner once done */
+    /* results, written by the driver, read by the owner once done */
     CURLcode rc;
     cos_meta meta;
     cos_buf body;
@@ -76,17 +77,21 @@ struct cos_req {
     long connects;
     char errbuf[CURL_ERROR_SIZE];
 
-    /* handshake with the owner */
+    /* mu: what the callbacks touch of the owner's (upload, xo) and `abandoned` */
     pthread_mutex_t mu;
+    /* handshake with the owner, under the engine's mutex (`handshake`, set at submit),
+     * which cv pairs with: done, progress, orphaned, abandoned (also under mu) */
+    pthread_mutex_t *handshake;
     pthread_cond_t cv;
     int done, progress, orphaned, cancelled;
     int abandoned; /* orphaned by an owner that gave up waiting after a cancel */
+    cos_req *wnext; /* the engine's list of owners asleep while another thread drives */
     int gave_up;   /* cancelled by its owner's backstop (deadline), not by close() */
     atomic_int cancel;
     atomic_int
         stream_started; /* the control plane's 2xx headers arrived on a stream (never a proxy's) */
 
-    /* background completion (orphaned requests): runs on the I/O thread */
+    /* background completion (orphaned requests): runs on the driver's thread */
     cos_req_done_fn on_orphan_done;
     void *orphan_engine;
     const cos_cfg *orphan_cfg;
@@ -101,8 +106,6 @@ cos_req *cos_req_new(const cos_cfg *cfg, CURL *easy, CURLSH *share, const cos_re
                      cos_err *err);
 /* Frees everything but the easy handle, which is returned. */
 CURL *cos_req_free(cos_req *r);
-/* Wait up to ms for the request to finish or make progress; 1 when done. */
-int cos_req_wait(cos_req *r, double ms);
 
 /* Percent-encode s as one path segment or query value (unreserved kept). */
 char *cos_escape(const char *s);

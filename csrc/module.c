@@ -299,6 +299,8 @@ static int module_exec(PyObject *module)
         PyModule_AddStringConstant(module, "build_curl_version", LIBCURL_VERSION) < 0 ||
         PyModule_AddStringConstant(module, "build_jansson_version", JANSSON_VERSION) < 0 ||
         add_build_features(module) < 0 ||
+        PyModule_AddObjectRef(module, "callers_drive", cos_callers_drive() ? Py_True : Py_False) <
+            0 ||
         PyModule_AddIntConstant(module, "DEFAULT_MAX_OUTPUT_BYTES", (long)COS_DEFAULT_MAX_OUTPUT) <
             0 ||
         PyModule_AddIntConstant(module, "MAX_OUTPUT_BYTES_LIMIT", (long)COS_MAX_OUTPUT_LIMIT) < 0)

@@ -186,21 +186,21 @@ static int slice(cos_ctx *c, cos_exec_out *xo)
  * exception from on_output) or when the backstop passes and the cancel does not
  * settle in time. */
 typedef enum {
-    STOP_CANCEL, /* cancel it; if the I/O thread does not let go in time, abandon it */
+    STOP_CANCEL, /* cancel it; if the driver does not let go in time, abandon it */
     STOP_DETACH, /* leave it to the engine, which finishes it as a background delete:
                     counted by pending_deletes, reported by drain_deletes. Only for
                     requests that borrow no caller memory (deletes). */
 } stop_policy;
 
-/* After a cancel: wait for the I/O thread to let go of the request, at most
+/* After a cancel: wait for the driver to let go of the request, at most
  * COS_CANCEL_GRACE_MS and no longer once Ctrl-C arrives. 0 when it finished. */
 static int settle_cancelled(cos_ctx *c, cos_req *r)
 {
     double give_up = cos_now_ms() + COS_CANCEL_GRACE_MS;
     for (;;) {
-        if (cos_req_wait(r, COS_SLICE_MS))
+        if (cos_engine_wait(c->eng, r, give_up, c->watch_signals && !c->aborted))
             return 0;
-        if (cos_now_ms() > give_up || (!c->aborted && slice(c, NULL)))
+        if (cos_now_ms() >= give_up || (!c->aborted && slice(c, NULL)))
             return -1;
     }
 }
@@ -220,12 +220,14 @@ static int let_go(cos_ctx *c, cos_req **rp, stop_policy how)
     return -1;
 }
 
-/* The one wait for a request: submit it and wait in slices. The I/O thread
- * enforces the deadline through CURLOPT_TIMEOUT_MS (name resolution included:
- * a stuck resolver is abandoned where libcurl can, see http.c); the extra
- * second here only guards against a transfer that libcurl fails to stop (an
- * I/O thread held in a system call, say), and the cancel it sends is bounded
- * by settle_cancelled. Returns 0 when the request finished (the caller owns
+/* The one wait for a request: submit it and wait, driving it on this thread when
+ * no other thread drives the engine. The wait comes back early only for the
+ * binding's turn: output to deliver, a signal that may have arrived (the main
+ * thread). libcurl enforces the deadline through CURLOPT_TIMEOUT_MS (name
+ * resolution included: a stuck resolver is abandoned where libcurl can, see
+ * http.c); the extra second here only guards against a transfer that libcurl
+ * fails to stop (another thread driving, held in a system call, say), and the
+ * cancel it sends is bounded by settle_cancelled. Returns 0 when the request finished (the caller owns
  * it). Else -1, with c->err set or c->aborted; *rp is NULL when the request was
  * handed to the engine. */
 static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo, stop_policy how)
@@ -238,7 +240,7 @@ static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo
     if (cos_engine_submit(c->eng, r, c->err) < 0)
         goto done;
     for (;;) {
-        if (cos_req_wait(r, COS_SLICE_MS)) {
+        if (cos_engine_wait(c->eng, r, hard_end, c->watch_signals)) {
             rc = 0;
             break;
         }
@@ -252,7 +254,7 @@ static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo
             }
             break;
         }
-        if (cos_now_ms() > hard_end) {
+        if (cos_now_ms() >= hard_end) {
             r->gave_up = 1;
             cos_engine_cancel(c->eng, r);
             if (settle_cancelled(c, r) < 0)
@@ -1071,7 +1073,7 @@ static const char *delete_verdict(cos_req *r, const cos_cfg *cfg, cos_err *err)
     return NULL;
 }
 
-/* I/O thread: a background delete finished. One retry when it may help. */
+/* The driver: a background delete finished. One retry when it may help. */
 static void bg_delete_done(cos_req *r)
 {
     cos_engine *eng = r->orphan_engine;
@@ -1093,7 +1095,7 @@ static void bg_delete_done(cos_req *r)
     cos_engine_add_outcome(eng, r->orphan_id, r->meta.status, verdict);
 }
 
-/* Queue a delete on the I/O thread. attempt 0 may be retried once (bg_delete_done);
+/* Queue a delete in the background. attempt 0 may be retried once (bg_delete_done);
  * attempt 1 is that retry and never retried again. */
 static int delete_background(cos_ctx *c, const char *id, int attempt)
 {

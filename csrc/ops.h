@@ -1,5 +1,6 @@
 /* Control-plane operations in plain C. Each runs on the caller's thread,
- * hands its requests to the engine and waits in slices; between slices it
+ * submits its requests to the engine and waits for them (driving them itself
+ * when no other thread drives the engine); when a wait comes back early it
  * calls ctx->slice (the binding's chance to deliver output and notice
  * signals, with the GIL held). No Python here. */
 #ifndef COS_OPS_H
@@ -14,8 +15,10 @@
 /* The largest max_output_bytes accepted: 1 GiB per stream. The buffered
  * exec's body cap (4x plus 1 MiB, for JSON escapes) stays far from wrapping. */
 #define COS_MAX_OUTPUT_LIMIT ((size_t)1 << 30)
+/* The slices of the waits that are no network wait (resume's polling interval,
+ * drain_deletes): between them the binding looks at signals. */
 #define COS_SLICE_MS 100.0
-/* How long a caller waits for the I/O thread to drop a cancelled request
+/* How long a caller waits for the driver to drop a cancelled request
  * before it abandons the request to the engine and returns. */
 #define COS_CANCEL_GRACE_MS 2000.0
 
@@ -31,6 +34,7 @@ typedef struct cos_ctx {
     cos_err *err;
     int aborted;     /* slice asked to stop: no further waiting on its behalf */
     int live_output; /* the binding delivers stream output as it arrives */
+    int watch_signals; /* the main thread: its waits also end when a signal may have come */
 } cos_ctx;
 
 typedef struct cos_exec_args {
@@ -78,7 +82,7 @@ int cos_op_exec(cos_ctx *c, const char *id, const cos_exec_args *a, cos_exec_out
 int cos_op_run_program(cos_ctx *c, json_t *create_spec, const char *adopt_id, const cos_file *files,
                        size_t nfiles, const cos_exec_args *a, int delete_background,
                        cos_exec_out *xo, char sandbox_id_out[COS_ID_MAX]);
-/* Queue a delete on the I/O thread; its outcome goes to drain_deletes. */
+/* Queue a delete in the background; its outcome goes to drain_deletes. */
 int cos_op_delete_background(cos_ctx *c, const char *id);
 
 #endif

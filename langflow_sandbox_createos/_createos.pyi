@@ -26,6 +26,7 @@ build_jansson_version: str  # the jansson headers built with (at least 2.13)
 # what those headers allow: "quick_exit" (libcurl >= 7.87: a stuck resolver never holds the
 # I/O thread), "json_keys_with_nul" (jansson >= 2.14: object keys holding NUL can be sent)
 build_features: frozenset[str]
+callers_drive: bool  # callers drive their own transfers with the libcurl loaded (docs/native-client.md)
 
 DEFAULT_MAX_OUTPUT_BYTES: int  # 16 MiB per stream
 MAX_OUTPUT_BYTES_LIMIT: int  # 1 GiB: the largest max_output_bytes accepted (ValueError above)

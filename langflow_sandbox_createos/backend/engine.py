@@ -94,6 +94,8 @@ class CreateOSBackend:
         # CREATEOS_SANDBOX_WARM_POOL > 0: guests booted ahead of need (core/warm_pool.py). Per
         # instance, so shutting down the loser of a construction race leaves the winner's alone.
         self._pool = warm_pool.WarmPool(random_name=guest_spec.random_name)
+        # The last run's spec, shape and budget, reused while what they are made from holds.
+        self._plan: _Plan | None = None
 
     def __repr__(self) -> str:
         return f"<CreateOSBackend name={self.name!r}>"
@@ -139,19 +141,12 @@ class CreateOSBackend:
         endpoint = connection.endpoints.get()
         _preflight(endpoint)
         _isolation_gate(endpoint)
-        shape = shape_catalog.pick_shape(shape_catalog.catalog(endpoint), config.memory_mb, config.shape)
+        plan = self._plan_for(endpoint, config, guest_env)
+        shape = plan.shape
 
         program = _Program.build(code, config.timeout_seconds)
-        spec = guest_spec.GuestSpec.of(
-            endpoint,
-            shape=shape,
-            rootfs=config.rootfs,
-            egress=network.egress_rules(config.allow_network),
-            auto_pause_seconds=guest_spec.auto_pause_seconds(config.timeout_seconds),
-            envs=guest_env,
-        )
-        create = spec.create_request(guest_spec.random_name(NAME_PREFIX))
-        time_budget = budget.backend(config.timeout_seconds)
+        create = dict(plan.create)
+        create["name"] = guest_spec.random_name(NAME_PREFIX)
         client: Any = endpoint.client
         native = load_native()
         started = time.monotonic()
@@ -159,7 +154,7 @@ class CreateOSBackend:
         run_kwargs: dict[str, Any] = {
             "files": program.files,
             "stdin": program.stdin,
-            "timeout": time_budget.exec_timeout(),
+            "timeout": plan.exec_timeout,
             "max_output_bytes": config.max_output_bytes,
             "delete": "background",
         }
@@ -176,7 +171,7 @@ class CreateOSBackend:
                 )
             ) from None
         try:
-            pool_key = spec.env_at_exec() if config.warm_pool else None
+            pool_key = plan.pool_key if config.warm_pool else None
             warm = self._pool.take(pool_key, client, config.warm_pool) if pool_key is not None else None
             if warm is not None:
                 # One round trip: the exec on a booted guest (deleted in the background after).
@@ -210,6 +205,19 @@ class CreateOSBackend:
             result.exit_code,
         )
         return _to_sandbox_result(result, config)
+
+    def _plan_for(
+        self, endpoint: connection.Endpoint, config: BackendSettings, guest_env: dict[str, str]
+    ) -> _Plan:
+        """The guest spec, shape and exec budget of a run: the last run's when nothing they
+        are made from changed (the settings, the endpoint and its shape catalog, the env),
+        else built anew."""
+        plan = self._plan
+        if plan is not None and plan.fits(endpoint, config, guest_env):
+            return plan
+        plan = _Plan.build(endpoint, config, guest_env)
+        self._plan = plan
+        return plan
 
     def shutdown(self) -> None:
         """Wait up to SHUTDOWN_DRAIN_SECONDS for queued deletes and log each outcome.
@@ -249,6 +257,7 @@ class CreateOSBackend:
         """In a forked child: fresh lock, forget state. The parent's clients (sockets and
         I/O thread) are forgotten by connection.endpoints' own fork hook, never closed."""
         self._lock = threading.Lock()
+        self._plan = None  # it names the parent's endpoint
         self._pool.forget_after_fork()  # the parent's pooled guests stay the parent's
 
 
@@ -285,8 +294,52 @@ def _deny_all_acknowledged() -> bool:
 
 
 def _read_settings() -> BackendSettings:
+    """The backend's settings, parsed again only when one of its variables changed."""
     with failures.refusing_bad_settings():
-        return settings.backend_settings()
+        return settings.current_backend_settings()
+
+
+class _Plan:
+    """What a run's guest is made from, and its exec budget: the same for every run with the
+    same settings, endpoint (and its shape catalog) and env, so it is built once for them."""
+
+    __slots__ = ("config", "create", "endpoint", "env", "exec_timeout", "pool_key", "shape", "shapes", "spec")
+
+    def __init__(
+        self,
+        endpoint: connection.Endpoint,
+        config: BackendSettings,
+        env: dict[str, str],
+        shapes: tuple[tuple[int, str], ...],
+    ) -> None:
+        self.endpoint = endpoint
+        self.config = config
+        self.env = env
+        self.shapes = shapes
+        self.shape = shape_catalog.pick_shape(shapes, config.memory_mb, config.shape)
+        self.spec = guest_spec.GuestSpec.of(
+            endpoint,
+            shape=self.shape,
+            rootfs=config.rootfs,
+            egress=network.egress_rules(config.allow_network),
+            auto_pause_seconds=guest_spec.auto_pause_seconds(config.timeout_seconds),
+            envs=env,
+        )
+        self.create = self.spec.create_request()  # each run copies it and adds its name
+        self.pool_key = self.spec.env_at_exec()
+        self.exec_timeout = budget.backend(config.timeout_seconds).exec_timeout()
+
+    @classmethod
+    def build(cls, endpoint: connection.Endpoint, config: BackendSettings, env: dict[str, str]) -> _Plan:
+        return cls(endpoint, config, dict(env), shape_catalog.catalog(endpoint))
+
+    def fits(self, endpoint: connection.Endpoint, config: BackendSettings, env: dict[str, str]) -> bool:
+        return (
+            endpoint is self.endpoint
+            and endpoint.shapes is self.shapes
+            and (config is self.config or config == self.config)
+            and env == self.env
+        )
 
 
 def _guest_env(env: Mapping[str, str] | None) -> dict[str, str]:

@@ -30,6 +30,13 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 
+def resolve(future: asyncio.Future[None]) -> None:
+    """Wake the coroutine waiting on `future` (scheduled on its loop from another thread),
+    unless it was cancelled or woken already."""
+    if not future.done():
+        future.set_result(None)
+
+
 class WaitedTooLong(Exception):
     """A run waited in line longer than it may; it left the line without a slot."""
 
@@ -145,8 +152,9 @@ class Line:
                 loop, future = self._waiters.popleft()
                 if loop.is_closed() or future.done():
                     continue
-                # the slot passes on: in_flight stays the same
-                loop.call_soon_threadsafe(self._grant, future)
+                # The slot passes on: in_flight stays the same. A future cancelled after it
+                # was chosen: its run's CancelledError handler (in enter) passes the slot on.
+                loop.call_soon_threadsafe(resolve, future)
                 return
             self._in_flight -= 1
             listeners = list(self._on_spare)
@@ -162,12 +170,6 @@ class Line:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._waiters = deque()
-
-    def _grant(self, future: asyncio.Future[None]) -> None:
-        # A future cancelled after it was chosen: its run's CancelledError handler (in enter)
-        # passes the slot on, so nothing to do here.
-        if not future.done():
-            future.set_result(None)
 
     @asynccontextmanager
     async def slot(

@@ -66,18 +66,36 @@ def key_digest(key: str) -> str:
     return hashlib.blake2s(key.encode(), digest_size=16).hexdigest()
 
 
+# Every variable the endpoint is read from.
+ENDPOINT_VARIABLES = (
+    "CREATEOS_SANDBOX_API_KEY",
+    "CREATEOS_API_KEY",
+    "CREATEOS_SANDBOX_BASE_URL",
+    "CREATEOS_SANDBOX_CONTROL_TIMEOUT_SECONDS",
+)
+
+
+def _endpoint_settings() -> tuple[settings.ApiKey, str, int, str]:
+    with failures.refusing_bad_settings():
+        key = settings.api_key()
+        url = settings.base_url()
+        control_timeout = settings.control_timeout()
+    return key, url, control_timeout, key_digest(key.value)
+
+
 class _Endpoints:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_key: dict[tuple[str, str, int], Endpoint] = {}
+        # parsed once per change of the variables, not on every run
+        self._settings = settings.EnvMemo(ENDPOINT_VARIABLES, _endpoint_settings)
 
     def get(self) -> Endpoint:
         """The endpoint for the current settings. Raises SandboxUnavailableError on bad settings."""
-        with failures.refusing_bad_settings():
-            key = settings.api_key()
-            url = settings.base_url()
-            control_timeout = settings.control_timeout()
-        digest = key_digest(key.value)
+        key, url, control_timeout, digest = self._settings.get()
+        endpoint = self._by_key.get((url, digest, control_timeout))  # a dict read is atomic
+        if endpoint is not None:
+            return endpoint
         with self._lock:
             endpoint = self._by_key.get((url, digest, control_timeout))
             if endpoint is None:

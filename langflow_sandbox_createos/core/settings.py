@@ -12,8 +12,9 @@ import ipaddress
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 from urllib.parse import urlsplit
 
 DEFAULT_BASE_URL = "https://api.sb.createos.sh"
@@ -251,6 +252,52 @@ def _lfx_sandbox_settings() -> object | None:
         return None
 
 
+T = TypeVar("T")
+
+
+class EnvMemo(Generic[T]):
+    """A value parsed from the environment, parsed again only when the environment changed.
+
+    Keyed on the values of `names` (every variable the parse reads) and on what `extra`
+    returns (what else it depends on, such as lfx's settings service); any change in them
+    parses again, so a changed variable takes effect on the next call. A parse that raises
+    is not remembered: the next call parses (and raises) again. Thread-safe without a lock:
+    the last (key, value) pair is replaced as one object."""
+
+    def __init__(
+        self, names: tuple[str, ...], parse: Callable[[], T], extra: Callable[[], Hashable] | None = None
+    ) -> None:
+        self.names = names
+        self._parse = parse
+        self._extra = extra
+        self._last: tuple[Hashable, T] | None = None
+        # os.environ keeps its values in `_data`, keyed by the encoded names (CPython's
+        # os._Environ): reading it directly skips a str -> bytes -> str round trip per name
+        # on every call. Only when `_env` (the mapping every parse reads) is os.environ itself.
+        data = getattr(os.environ, "_data", None)
+        encode = getattr(os.environ, "encodekey", None)
+        self._encoded = tuple(map(encode, names)) if isinstance(data, dict) and encode else None
+
+    def _values(self) -> tuple[object, ...]:
+        environ = _env(None)  # looked up on every call: the mapping the parse will read
+        if environ is os.environ and self._encoded is not None:
+            data = os.environ._data  # type: ignore[attr-defined]
+            return tuple(map(data.get, self._encoded))
+        return tuple(map(environ.get, self.names))
+
+    def get(self) -> T:
+        key = (self._values(), self._extra() if self._extra else None)
+        last = self._last
+        if last is not None and last[0] == key:
+            return last[1]
+        value = self._parse()
+        self._last = (key, value)
+        return value
+
+    def clear(self) -> None:
+        self._last = None
+
+
 def backend_settings(environ: Mapping[str, str] | None = None) -> BackendSettings:
     """Settings of the sandbox backend. An explicit LANGFLOW_SANDBOX_* variable is parsed
     here (with a clear error); otherwise lfx's settings service decides."""
@@ -287,6 +334,44 @@ def backend_settings(environ: Mapping[str, str] | None = None) -> BackendSetting
         max_guests=sandbox_max_guests(environ),
         max_wait_seconds=sandbox_max_wait_seconds(environ),
     )
+
+
+# Every variable backend_settings() reads (tests/unit/test_settings.py records the reads).
+BACKEND_VARIABLES = (
+    "LANGFLOW_SANDBOX_TIMEOUT_SECONDS",
+    "LANGFLOW_SANDBOX_MEMORY_MB",
+    "LANGFLOW_SANDBOX_ALLOW_NETWORK",
+    "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
+    "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS",
+    "CREATEOS_SANDBOX_ROOTFS",
+    "CREATEOS_SANDBOX_SHAPE",
+    "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
+    "CREATEOS_SANDBOX_WARM_POOL",
+    "CREATEOS_SANDBOX_MAX_GUESTS",
+    "CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
+)
+
+
+def _lfx_sandbox_values() -> Hashable:
+    """What backend_settings() takes from lfx's settings service, as a memo key."""
+    lfx = _lfx_sandbox_settings()
+    if lfx is None:
+        return None
+    return (
+        getattr(lfx, "timeout_seconds", None),
+        getattr(lfx, "memory_mb", None),
+        getattr(lfx, "allow_network", None),
+        tuple(getattr(lfx, "allowed_domains", ()) or ()),
+    )
+
+
+_backend_memo: EnvMemo[BackendSettings] = EnvMemo(BACKEND_VARIABLES, backend_settings, _lfx_sandbox_values)
+
+
+def current_backend_settings() -> BackendSettings:
+    """backend_settings() of this process's environment, parsed once per change of it (the
+    sandbox backend asks on every run)."""
+    return _backend_memo.get()
 
 
 def control_timeout(environ: Mapping[str, str] | None = None) -> int:

@@ -141,20 +141,12 @@ class CreateOSExecutor(Executor):
             timeline.mark("complete")
             yield RunComplete(outputs=outputs)
         finally:
-            deleting = False
             try:
                 if bridge is not None:
-                    await bridge.close()
+                    await bridge.close()  # may be cancelled: the guest is deleted all the same
                     timeline.mark("bridge")
-                if run is not None:
-                    # the run is over: its guest is deleted off its path, and its slot in the
-                    # line is held until that delete returned (never more guests than the limit)
-                    run.close_soon(then=functools.partial(_deleted, run, timeline))
-                    deleting = True
-                    timeline.mark("closed")
             finally:
-                if not deleting:
-                    admission.executor_line.leave()
+                _close(run, timeline)
             _log_run(spec, run, bridge, started, status)
             timeline.log(status, run.sandbox_id if run is not None else None)
 
@@ -239,6 +231,22 @@ class _GuestFrames:
         if self.run.plain_lines:
             logger.debug("CreateOS executor: %d unframed stdout line(s) ignored", self.run.plain_lines)
         return outputs
+
+
+def _close(run: _Run | None, timeline: Timeline) -> None:
+    """The run is over: its guest is deleted off its path, and its slot in the line is held
+    until that delete returned (never more guests than the limit). The slot is left exactly
+    once: by `_deleted` once the delete returned (close_soon calls it, at once when there is
+    no guest), or here when there is no run or close_soon could not start its thread."""
+    if run is None:
+        admission.executor_line.leave()
+        return
+    try:
+        run.close_soon(then=functools.partial(_deleted, run, timeline))
+    except BaseException:
+        admission.executor_line.leave()
+        raise
+    timeline.mark("closed")
 
 
 def _deleted(run: _Run, timeline: Timeline) -> None:

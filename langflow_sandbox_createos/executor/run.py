@@ -18,7 +18,7 @@ from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import budget, connection, failures, guest_spec, pool_keeper
+from langflow_sandbox_createos.core import admission, budget, connection, failures, guest_spec, pool_keeper
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, spec_mac, tail
@@ -76,11 +76,6 @@ def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
 
 # Guest deletes still running in their threads (a run does not wait for its guest's delete).
 _deleting: set[threading.Thread] = set()
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
@@ -232,7 +227,7 @@ class _Run:
 
         def wake() -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(_resolve, deleted)
+                loop.call_soon_threadsafe(admission.resolve, deleted)
 
         self.close_soon(then=wake)
         with contextlib.suppress(asyncio.TimeoutError):

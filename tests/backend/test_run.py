@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from lfx.utils.sandbox.base import SandboxExecutionError, SandboxResult
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxResult, SandboxUnavailableError
 
 from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.backend.engine import CreateOSBackend
@@ -286,3 +286,51 @@ def test_stream_without_exit_frame_is_a_clear_execution_error(
     assert "retry the run" in str(info.value) and "which is being deleted" in str(info.value)
     backend.shutdown()
     assert undeleted_guests(backend_env) == []
+
+
+def test_a_changed_setting_takes_effect_on_the_next_run(
+    backend: CreateOSBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings are parsed once per change of the environment, not once per process."""
+    code = "print('x' * 5000)"
+    assert "truncated" not in backend.run(code).stderr
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", "1024")
+    assert "[createos: stdout truncated at 1 KiB" in backend.run(code).stderr
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_WAIT_SECONDS", "soon")
+    with pytest.raises(SandboxUnavailableError, match="CREATEOS_SANDBOX_MAX_WAIT_SECONDS"):
+        backend.run(code)
+    monkeypatch.delenv("CREATEOS_SANDBOX_MAX_WAIT_SECONDS")
+    monkeypatch.delenv("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES")
+    assert "truncated" not in backend.run(code).stderr
+
+
+def test_runs_reuse_the_spec_until_what_it_is_made_from_changes(
+    backend: CreateOSBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guest spec, shape and budget are built once for the same settings, endpoint and env;
+    a changed setting or env builds them again, and each run still gets its own name."""
+    creates: list[dict[str, Any]] = []
+    built: list[int] = []
+    real_create, real_build = backend_module._create_held, backend_module._Plan.build
+
+    def create_held(endpoint: Any, create: dict[str, Any]) -> str:
+        creates.append(dict(create))
+        return real_create(endpoint, create)
+
+    def build(cls: Any, *args: Any) -> Any:
+        built.append(1)
+        return real_build(*args)
+
+    monkeypatch.setattr(backend_module, "_create_held", create_held)
+    monkeypatch.setattr(backend_module._Plan, "build", classmethod(build))
+    for _ in range(3):
+        assert backend.run("print(1)").stdout == "1\n"
+    assert len(built) == 1 and len({c.pop("name") for c in creates}) == 3
+    assert creates[0] == creates[1] == creates[2]
+    monkeypatch.setenv("LANGFLOW_SANDBOX_MEMORY_MB", "6000")  # past the smallest shape
+    backend.run("print(1)")
+    assert len(built) == 2 and creates[-1]["shape"] != creates[0]["shape"]
+    backend.run("import os; print(os.environ['LF_X'])", env={"LF_X": "1"})
+    assert len(built) == 3 and creates[-1]["envs"] == {"LF_X": "1"}
+    backend.run("print(1)", env={"LF_X": "2"})  # another value: another guest env
+    assert len(built) == 4 and creates[-1]["envs"] == {"LF_X": "2"}

@@ -185,6 +185,25 @@ async def test_a_run_returns_before_its_guest_is_deleted_and_holds_its_slot_unti
     assert executor_env.wait_until_no_live(timeout=5.0) == []
 
 
+async def test_a_run_whose_bridge_close_is_cancelled_still_deletes_its_guest_and_leaves_the_line(
+    executor: CreateOSExecutor, executor_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer's task cancelled while the run's sandbox bridge closes (its finally
+    awaits): the guest is deleted and the slot left all the same."""
+    from langflow_sandbox_createos.executor import bridge as executor_bridge
+    from langflow_sandbox_createos.executor import run as executor_run
+
+    async def cancelled_close(self: Any) -> None:
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(executor_bridge.SandboxBridge, "close", cancelled_close)
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(drain(executor.execute(chat_unit("quick"))), 120)
+    executor_run.wait_for_deletes(60)
+    await _line_empties()
+    assert executor_env.wait_until_no_live(timeout=5.0) == []
+
+
 async def test_a_run_that_waits_past_its_deadline_leaves_the_line() -> None:
     line = admission.Line("test")
     await line.enter(1, lambda *_: None)

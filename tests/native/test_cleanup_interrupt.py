@@ -1,7 +1,10 @@
-"""Ctrl-C while run_program's synchronous delete is past its deadline and the I/O thread is
-held (an LD_PRELOAD shim, built here with gcc, blocks the DELETE's send for 8 s and raises
-SIGINT 3.5 s in: after the deadline of 2 s + 1 s, inside the bounded wait for the cancel).
-The call raises KeyboardInterrupt, and the delete it gave up on is reported by drain_deletes."""
+"""Ctrl-C while run_program's synchronous delete is past its deadline and the thread driving
+the client's transfers is held (an LD_PRELOAD shim, built here with gcc, blocks the DELETE's
+send for 8 s and raises SIGINT 3.5 s in: after the deadline of 2 s + 1 s, inside the bounded
+wait for the cancel). The driver is another thread of the process (a long exec on the same
+client, which drives every transfer in flight while it waits for its own): a caller whose
+transfer is driven elsewhere still ends at its deadline and on Ctrl-C. The call raises
+KeyboardInterrupt, and the delete it gave up on is reported by drain_deletes."""
 
 from __future__ import annotations
 
@@ -23,11 +26,18 @@ SHIM_SOURCE = Path(__file__).parent / "shims" / "stall_delete.c"
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, signal, sys, time
+    import json, os, signal, sys, threading, time
     from langflow_sandbox_createos import _createos as E
     out = {}
     signal.signal(signal.SIGINT, signal.default_int_handler)  # see test_deadlines.py
     c = E.Client(os.environ["CP_URL"], os.environ["CP_KEY"], control_timeout=2)
+    # another thread's long exec: it drives the client's transfers, ours included, and is
+    # the thread the stalled DELETE send holds
+    long_run = threading.Thread(
+        target=c.run_program, args=({"shape": sys.argv[1]}, "sleep"), kwargs={"args": ["6"], "timeout": 30}
+    )
+    long_run.start()
+    time.sleep(1.0)
     t0 = time.monotonic()
     try:
         r = c.run_program({"shape": sys.argv[1]}, "true", timeout=10)
@@ -37,6 +47,7 @@ SCRIPT = textwrap.dedent(
     out["pending"] = c.pending_deletes()
     out["outcomes"] = c.drain_deletes(timeout=20)
     out["pending_after"] = c.pending_deletes()
+    long_run.join()
     c.close()
     print(json.dumps(out), flush=True)
     """
@@ -65,9 +76,9 @@ def test_ctrl_c_during_a_held_cleanup_delete(shim: Path, cp: LocalControlPlane) 
     kind, elapsed, _ = out["call"]
     # before: SystemError ("returned a result with an exception set"), and no outcome
     assert kind == "KeyboardInterrupt" and elapsed < 7, out
-    # the abandoned delete counts as a background delete until the I/O thread lets go of it
+    # the abandoned delete counts as a background delete until the driver lets go of it
     assert out["pending"] == 1 and out["pending_after"] == 0, out
-    # it was retried once the I/O thread was free: the guest is gone, and said so
+    # it was retried once the driver was free: the guest is gone, and said so
     [(sid, _, error)] = out["outcomes"]
     assert error is None and sid in {sb["id"] for sb in cp.sandboxes()}, out
     assert cp.wait_until_no_live(timeout=5.0) == []

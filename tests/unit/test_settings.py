@@ -186,3 +186,127 @@ def test_lfx_settings_service_is_the_authority_when_it_exists():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+# --- parsed once per change of the environment (EnvMemo) -------------------------------------
+
+
+class _Recording(dict):
+    """An environment that notes every variable read from it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: set[str] = set()
+
+    def get(self, name, default=None):  # type: ignore[override]
+        self.read.add(name)
+        return super().get(name, default)
+
+
+def test_backend_variables_are_every_variable_the_backend_reads():
+    env = _Recording()
+    settings.backend_settings(env)
+    assert env.read, "backend_settings no longer reads through `environ`: this test sees nothing"
+    assert env.read <= set(settings.BACKEND_VARIABLES), env.read - set(settings.BACKEND_VARIABLES)
+    assert "CREATEOS_SANDBOX_MAX_WAIT_SECONDS" in settings.BACKEND_VARIABLES
+
+
+def test_endpoint_variables_are_every_variable_the_endpoint_reads():
+    from langflow_sandbox_createos.core import connection
+
+    env = _Recording()
+    env.update(CREATEOS_SANDBOX_API_KEY="k" * 16)
+    settings.api_key(env)
+    settings.base_url(env)
+    settings.control_timeout(env)
+    assert env.read <= set(connection.ENDPOINT_VARIABLES), env.read - set(connection.ENDPOINT_VARIABLES)
+
+
+# (variable, a valid non-default value, the field it sets)
+CHANGES = [
+    ("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "77", "timeout_seconds", 77),
+    ("LANGFLOW_SANDBOX_MEMORY_MB", "9000", "memory_mb", 9000),
+    ("LANGFLOW_SANDBOX_ALLOW_NETWORK", "true", "allow_network", True),
+    ("LANGFLOW_SANDBOX_ALLOWED_DOMAINS", "a.example", "allowed_domains", ("a.example",)),
+    ("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true", "accept_egress_exceptions", True),
+    ("CREATEOS_SANDBOX_ROOTFS", "other:2", "rootfs", "other:2"),
+    ("CREATEOS_SANDBOX_SHAPE", "s-8vcpu-16gb", "shape", "s-8vcpu-16gb"),
+    ("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", "4096", "max_output_bytes", 4096),
+    ("CREATEOS_SANDBOX_WARM_POOL", "3", "warm_pool", 3),
+    ("CREATEOS_SANDBOX_MAX_GUESTS", "5", "max_guests", 5),
+    ("CREATEOS_SANDBOX_MAX_WAIT_SECONDS", "7", "max_wait_seconds", 7),
+]
+
+
+def test_every_backend_variable_has_a_change_below():
+    assert {name for name, *_ in CHANGES} == set(settings.BACKEND_VARIABLES)
+
+
+@pytest.fixture
+def bare_backend_env(monkeypatch):
+    monkeypatch.setattr(settings, "_lfx_sandbox_settings", lambda: None)
+    for name in settings.BACKEND_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    settings._backend_memo.clear()
+    yield monkeypatch
+    settings._backend_memo.clear()
+
+
+@pytest.mark.parametrize(("name", "value", "field", "expected"), CHANGES)
+def test_a_changed_variable_takes_effect_on_the_next_call(bare_backend_env, name, value, field, expected):
+    before = settings.current_backend_settings()
+    assert settings.current_backend_settings() is before  # unchanged: the same parse
+    bare_backend_env.setenv(name, value)
+    after = settings.current_backend_settings()
+    assert getattr(after, field) == expected != getattr(before, field)
+    bare_backend_env.delenv(name)
+    assert settings.current_backend_settings() == before
+
+
+def test_the_environment_is_parsed_once_per_change(bare_backend_env):
+    calls = []
+    memo = settings.EnvMemo(("LANGFLOW_SANDBOX_TIMEOUT_SECONDS",), lambda: calls.append(1) or len(calls))
+    assert [memo.get() for _ in range(5)] == [1] * 5
+    bare_backend_env.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "5")
+    assert [memo.get() for _ in range(3)] == [2] * 3
+    bare_backend_env.setenv("LANGFLOW_SANDBOX_TIMEOUT_SECONDS", "5")  # the same value: no parse
+    assert memo.get() == 2 and len(calls) == 2
+
+
+def test_a_bad_value_is_not_remembered(bare_backend_env):
+    bare_backend_env.setenv("CREATEOS_SANDBOX_MAX_WAIT_SECONDS", "soon")
+    for _ in range(2):
+        with pytest.raises(SettingsError, match="CREATEOS_SANDBOX_MAX_WAIT_SECONDS"):
+            settings.current_backend_settings()
+    bare_backend_env.setenv("CREATEOS_SANDBOX_MAX_WAIT_SECONDS", "9")
+    assert settings.current_backend_settings().max_wait_seconds == 9
+
+
+def test_lfx_settings_take_part_in_the_memo(bare_backend_env):
+    class Lfx:
+        timeout_seconds, memory_mb, allow_network, allowed_domains = 30, 192, False, ()
+
+    lfx = Lfx()
+    bare_backend_env.setattr(settings, "_lfx_sandbox_settings", lambda: lfx)
+    assert settings.current_backend_settings().timeout_seconds == 30
+    lfx.timeout_seconds = 55  # set in Langflow's settings, not in the environment
+    assert settings.current_backend_settings().timeout_seconds == 55
+
+
+def test_the_memo_reads_the_mapping_the_parse_reads(bare_backend_env):
+    """The memo is keyed on what ``settings._env`` returns, not on os.environ: a caller that
+    points the seam at its own mapping (tests/reliability's per-thread lanes) gets that
+    mapping's settings, and the next read of os.environ gets os.environ's again."""
+    lane: dict[str, str] = {"LANGFLOW_SANDBOX_TIMEOUT_SECONDS": "41"}
+    real_env = settings._env
+    use_lane = False
+    bare_backend_env.setattr(
+        settings, "_env", lambda environ=None: lane if use_lane and environ is None else real_env(environ)
+    )
+    default = settings.current_backend_settings()
+    use_lane = True
+    assert settings.current_backend_settings().timeout_seconds == 41 != default.timeout_seconds
+    lane["LANGFLOW_SANDBOX_TIMEOUT_SECONDS"] = "42"
+    assert settings.current_backend_settings().timeout_seconds == 42
+    use_lane = False
+    assert settings.current_backend_settings() == default
