@@ -227,9 +227,9 @@ static int let_go(cos_ctx *c, cos_req **rp, stop_policy how)
  * resolution included: a stuck resolver is abandoned where libcurl can, see
  * http.c); the extra second here only guards against a transfer that libcurl
  * fails to stop (another thread driving, held in a system call, say), and the
- * cancel it sends is bounded by settle_cancelled. Returns 0 when the request finished (the caller owns
- * it). Else -1, with c->err set or c->aborted; *rp is NULL when the request was
- * handed to the engine. */
+ * cancel it sends is bounded by settle_cancelled. Returns 0 when the request finished (the caller
+ * owns it). Else -1, with c->err set or c->aborted; *rp is NULL when the request was handed to the
+ * engine. */
 static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo, stop_policy how)
 {
     cos_req *r = *rp;
@@ -298,15 +298,17 @@ static void transport_error(cos_ctx *c, cos_req *r, const char *op)
                     r->body_cap);
         return;
     }
-    if (r->meta.status >= 300 &&
-        (r->rc == CURLE_PARTIAL_FILE || r->rc == CURLE_RECV_ERROR || r->rc == CURLE_GOT_NOTHING)) {
+    /* CURLE_SEND_ERROR with a status: the server answered and closed while the request
+     * body was still going out (a large exec stdin); the answer decides, as for a cut read */
+    if (r->meta.status >= 300 && (r->rc == CURLE_PARTIAL_FILE || r->rc == CURLE_RECV_ERROR ||
+                                  r->rc == CURLE_GOT_NOTHING || r->rc == CURLE_SEND_ERROR)) {
         /* the status line arrived: it classifies better than the cut body */
         cos_error_from_response(op, &r->meta, r->body.data, r->body.len, c->cfg->key, err);
         return;
     }
     if (r->meta.status >= 200 && r->meta.status < 300 &&
         (r->rc == CURLE_PARTIAL_FILE || r->rc == CURLE_RECV_ERROR || r->rc == CURLE_GOT_NOTHING ||
-         r->rc == CURLE_HTTP2_STREAM || r->rc == CURLE_HTTP2)) {
+         r->rc == CURLE_SEND_ERROR || r->rc == CURLE_HTTP2_STREAM || r->rc == CURLE_HTTP2)) {
         /* the answer started and broke off: not the documented protocol */
         cos_err_set(
             err, COS_E_PROTOCOL,
