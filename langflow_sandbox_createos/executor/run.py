@@ -76,6 +76,9 @@ def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
 
 # Guest deletes still running in their threads (a run does not wait for its guest's delete).
 _deleting: set[threading.Thread] = set()
+# Held while a delete thread is added and started, and while wait_for_deletes takes its list:
+# so that list never holds a thread not yet started (join() refuses one).
+_deleting_lock = threading.Lock()
 
 
 def wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
@@ -83,13 +86,23 @@ def wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
     interpreter exit it gives them a moment (a short `lfx run` ends right after its run); what
     is left is the guest keeper's. Tests call it before they look at what a run left."""
     deadline = time.monotonic() + timeout
-    for worker in list(_deleting):
+    with _deleting_lock:
+        workers = list(_deleting)
+    for worker in workers:
         worker.join(max(0.0, deadline - time.monotonic()))
 
 
 atexit.register(wait_for_deletes)
+
+
+def _after_fork_in_child() -> None:
+    global _deleting_lock
+    _deleting_lock = threading.Lock()  # a parent's thread may have held it at the fork
+    _deleting.clear()  # the parent's threads are not ours
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_deleting.clear)  # the parent's threads are not ours
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # --- one run ------------------------------------------------------------------------------
@@ -212,12 +225,13 @@ class _Run:
                     then()
 
         worker = threading.Thread(target=delete, name="createos-executor-delete", daemon=True)
-        _deleting.add(worker)
-        try:
-            worker.start()
-        except RuntimeError:  # interpreter shutdown: no new threads; the guest keeper deletes it
-            _deleting.discard(worker)
-            raise
+        with _deleting_lock:
+            _deleting.add(worker)
+            try:
+                worker.start()
+            except RuntimeError:  # interpreter shutdown: no new threads; the guest keeper deletes it
+                _deleting.discard(worker)
+                raise
 
     async def close(self) -> None:
         """Delete the guest; returns when the delete returned, or after CLOSE_WAIT_SECONDS
