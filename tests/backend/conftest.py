@@ -17,21 +17,8 @@ from langflow_sandbox_createos.backend.engine import CreateOSBackend, create_bac
 from langflow_sandbox_createos.core import connection, settings
 
 # Every variable the backend reads, so a developer's shell cannot leak into a test.
-BACKEND_VARS = (
-    "LANGFLOW_SANDBOX_TIMEOUT_SECONDS",
-    "LANGFLOW_SANDBOX_MEMORY_MB",
-    "LANGFLOW_SANDBOX_ALLOW_NETWORK",
-    "LANGFLOW_SANDBOX_ALLOWED_DOMAINS",
-    "LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS",
-    "CREATEOS_API_KEY",
-    "CREATEOS_SANDBOX_ROOTFS",
-    "CREATEOS_SANDBOX_SHAPE",
-    "CREATEOS_SANDBOX_MAX_OUTPUT_BYTES",
-    "CREATEOS_SANDBOX_WARM_POOL",
-    "CREATEOS_SANDBOX_MAX_GUESTS",
-    "CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
-    "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION",
-)
+# every variable the backend's settings read, plus the key and the local-isolation consent
+BACKEND_VARS = (*settings.BACKEND_VARIABLES, "CREATEOS_API_KEY", "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION")
 
 
 def clean_backend_env(monkeypatch: pytest.MonkeyPatch) -> None:
