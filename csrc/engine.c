@@ -123,6 +123,15 @@ pid_t cos_engine_pid(const cos_engine *e)
     return e->pid;
 }
 
+/* A forked child holds a copy of its parent's engine: the sockets, the multi handle
+ * and the helper thread's state are the parent's, and a lock another thread held at
+ * the fork stays held for ever. Every entry point below that would touch them checks
+ * this first and leaves the copy alone (a callback that forks mid-call, say). */
+int cos_engine_forked(const cos_engine *e)
+{
+    return e->pid != getpid();
+}
+
 CURLSH *cos_engine_share(cos_engine *e)
 {
     return e->share;
@@ -131,6 +140,8 @@ CURLSH *cos_engine_share(cos_engine *e)
 CURL *cos_engine_easy(cos_engine *e)
 {
     CURL *h = NULL;
+    if (cos_engine_forked(e))
+        return curl_easy_init();
     pthread_mutex_lock(&e->mu);
     if (e->pool_n > 0)
         h = e->pool[--e->pool_n];
@@ -140,7 +151,10 @@ CURL *cos_engine_easy(cos_engine *e)
 
 void cos_engine_release(cos_engine *e, cos_req *r)
 {
-    CURL *h = cos_req_free(r);
+    CURL *h;
+    if (cos_engine_forked(e))
+        return; /* the request may still sit in the parent's lists: the copy is left */
+    h = cos_req_free(r);
     if (h == NULL)
         return;
     curl_easy_reset(h);
@@ -156,6 +170,8 @@ void cos_engine_release(cos_engine *e, cos_req *r)
 
 void cos_engine_stat_add(cos_engine *e, cos_stat which, uint64_t n)
 {
+    if (cos_engine_forked(e))
+        return;
     pthread_mutex_lock(&e->mu);
     e->stats[which] += n;
     pthread_mutex_unlock(&e->mu);
@@ -163,6 +179,10 @@ void cos_engine_stat_add(cos_engine *e, cos_stat which, uint64_t n)
 
 void cos_engine_stats(cos_engine *e, uint64_t out[COS_STAT_COUNT])
 {
+    if (cos_engine_forked(e)) {
+        memset(out, 0, sizeof e->stats);
+        return;
+    }
     pthread_mutex_lock(&e->mu);
     memcpy(out, e->stats, sizeof e->stats);
     pthread_mutex_unlock(&e->mu);
@@ -437,6 +457,8 @@ static void unlink_waiter_locked(cos_engine *e, cos_req *r)
 int cos_engine_wait(cos_engine *e, cos_req *r, double until_ms, int watch_signals)
 {
     int done;
+    if (cos_engine_forked(e))
+        return 0; /* never finishes here: the caller sees cos_engine_forked */
     pthread_mutex_lock(&e->mu);
     for (;;) {
         double now = cos_now_ms(), ms;
@@ -481,6 +503,10 @@ int cos_engine_wait(cos_engine *e, cos_req *r, double until_ms, int watch_signal
 static int enqueue(cos_engine *e, cos_req *r, int orphan, cos_err *err)
 {
     int rc = -1, wake = 0;
+    if (cos_engine_forked(e)) {
+        cos_err_set(err, COS_E_CLOSED, "the client's connections belong to the parent process");
+        return rc;
+    }
     pthread_mutex_lock(&e->mu);
     if (e->closing || e->closed) {
         cos_err_set(err, COS_E_CLOSED, "the client is closed");
@@ -526,6 +552,8 @@ int cos_engine_submit_orphan(cos_engine *e, cos_req *r, cos_err *err)
 
 void cos_engine_cancel(cos_engine *e, cos_req *r)
 {
+    if (cos_engine_forked(e))
+        return;
     atomic_store(&r->cancel, 1);
     curl_multi_wakeup(e->multi);
 }
@@ -533,6 +561,8 @@ void cos_engine_cancel(cos_engine *e, cos_req *r)
 int cos_engine_detach(cos_engine *e, cos_req *r)
 {
     int done;
+    if (cos_engine_forked(e))
+        return 0;
     pthread_mutex_lock(&e->mu);
     done = r->done;
     if (!done) {
@@ -547,6 +577,8 @@ int cos_engine_detach(cos_engine *e, cos_req *r)
 int cos_engine_abandon(cos_engine *e, cos_req *r)
 {
     int done;
+    if (cos_engine_forked(e))
+        return 0;
     pthread_mutex_lock(&e->mu);
     pthread_mutex_lock(&r->mu); /* the callbacks read `abandoned` under r->mu */
     done = r->done;
@@ -563,7 +595,10 @@ int cos_engine_abandon(cos_engine *e, cos_req *r)
 
 void cos_engine_add_outcome(cos_engine *e, const char *id, long status, const char *error)
 {
-    cos_outcome *o = calloc(1, sizeof *o), *old = NULL;
+    cos_outcome *o, *old = NULL;
+    if (cos_engine_forked(e))
+        return;
+    o = calloc(1, sizeof *o);
     if (o == NULL)
         return;
     cos_strlcpy(o->id, id, sizeof o->id);
@@ -594,6 +629,8 @@ void cos_engine_add_outcome(cos_engine *e, const char *id, long status, const ch
 size_t cos_engine_pending_deletes(cos_engine *e)
 {
     size_t n;
+    if (cos_engine_forked(e))
+        return 0;
     pthread_mutex_lock(&e->mu);
     n = e->bg_pending;
     pthread_mutex_unlock(&e->mu);
@@ -604,6 +641,8 @@ size_t cos_engine_wait_deletes(cos_engine *e, double ms)
 {
     struct timespec ts;
     size_t n;
+    if (cos_engine_forked(e))
+        return 0;
     cos_deadline_in(ms, &ts);
     pthread_mutex_lock(&e->mu);
     while (e->bg_pending > 0 && ms > 0)
@@ -617,6 +656,8 @@ size_t cos_engine_wait_deletes(cos_engine *e, double ms)
 cos_outcome *cos_engine_take_outcomes(cos_engine *e)
 {
     cos_outcome *o;
+    if (cos_engine_forked(e))
+        return NULL;
     pthread_mutex_lock(&e->mu);
     o = e->outcomes;
     e->outcomes = e->outcomes_tail = NULL;
@@ -638,6 +679,8 @@ void cos_outcomes_free(cos_outcome *o)
 int cos_engine_closed(cos_engine *e)
 {
     int c;
+    if (cos_engine_forked(e))
+        return 1;
     pthread_mutex_lock(&e->mu);
     c = e->closing || e->closed;
     pthread_mutex_unlock(&e->mu);
@@ -647,6 +690,8 @@ int cos_engine_closed(cos_engine *e)
 void cos_engine_close(cos_engine *e)
 {
     int started;
+    if (cos_engine_forked(e))
+        return;
     pthread_mutex_lock(&e->mu);
     if (e->closing) {
         pthread_mutex_unlock(&e->mu);
@@ -676,8 +721,8 @@ void cos_engine_free(cos_engine *e)
     int i;
     if (e == NULL)
         return;
-    if (e->pid != getpid())
-        return; /* a forked child: everything here belongs to the parent */
+    if (cos_engine_forked(e))
+        return; /* everything here belongs to the parent */
     cos_engine_close(e);
     /* the handles go only now: a caller still finishing a call may wake the
      * multi handle until the owner lets go of the engine */

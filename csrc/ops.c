@@ -197,6 +197,8 @@ typedef enum {
 static int settle_cancelled(cos_ctx *c, cos_req *r)
 {
     double give_up = cos_now_ms() + COS_CANCEL_GRACE_MS;
+    if (cos_engine_forked(c->eng))
+        return -1;
     for (;;) {
         if (cos_engine_wait(c->eng, r, give_up, c->watch_signals && !c->aborted))
             return 0;
@@ -242,6 +244,16 @@ static int perform_as(cos_ctx *c, cos_req **rp, const char *op, cos_exec_out *xo
     for (;;) {
         if (cos_engine_wait(c->eng, r, hard_end, c->watch_signals)) {
             rc = 0;
+            break;
+        }
+        if (cos_engine_forked(c->eng)) {
+            /* a callback forked: the request is the parent's, and so is finishing it */
+            *rp = NULL;
+            if (!c->aborted)
+                cos_err_set(c->err, COS_E_CLOSED,
+                            "%s failed: this process was forked during the call, which only "
+                            "the parent process can finish; make calls in the child after the fork",
+                            op);
             break;
         }
         if (slice(c, xo)) {

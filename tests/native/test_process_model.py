@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -53,6 +54,49 @@ def test_fork_while_threads_are_mid_request(
     assert errors == []
     assert sorted(results) == [f"parent-{n}\n" for n in range(4)]
     assert client.whoami()["user_id"] == "local-user"  # parent's engine unharmed
+
+
+def _wait_child(pid: int, seconds: float) -> int:
+    """The child's exit status; a child still running after `seconds` is killed (-9)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -9
+
+
+def test_a_callback_that_forks_leaves_the_call_to_the_parent(client: _createos.Client, sandbox: dict) -> None:
+    """A fork inside on_output happens mid-call: the child's copy of the call must not
+    drive the parent's connections (it would read the parent's bytes off the shared
+    socket). The child's call fails at once naming the fork; the parent's goes on."""
+    parent = os.getpid()
+    children: list[int] = []
+
+    def on_output(stream: str, text: str) -> None:
+        if not children and os.getpid() == parent:
+            children.append(os.fork())
+
+    try:
+        r = client.exec(
+            sandbox["id"], "bash", ["-c", "echo one; sleep 1; echo two"], timeout=30, on_output=on_output
+        )
+    except BaseException as exc:
+        if os.getpid() != parent:  # the child: the named refusal, then a call of its own
+            code = 2
+            with contextlib.suppress(BaseException):
+                if isinstance(exc, _createos.UnavailableError) and "forked during the call" in str(exc):
+                    code = 0 if client.whoami()["user_id"] == "local-user" else 4
+            os._exit(code)
+        raise
+    if os.getpid() != parent:
+        os._exit(3)  # the child finished the parent's call on the parent's connection
+    assert children and _wait_child(children[0], 30) == 0
+    assert r.exit_code == 0 and r.stdout == "one\ntwo\n"
+    assert client.exec(sandbox["id"], "echo", ["after"], timeout=10).stdout == "after\n"
 
 
 @pytest.fixture
