@@ -203,6 +203,59 @@ async def test_closing_a_run_wakes_when_its_guest_delete_returns(monkeypatch: py
     assert closed - returned[0] < 0.1
 
 
+def test_wait_for_deletes_while_a_delete_thread_is_starting(
+    executor_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's guest delete goes to a thread of its own; wait_for_deletes (tests, interpreter
+    exit, the reliability harness) may take the list of those threads while one is still
+    being started. join() refuses a thread not yet started, so the list must never hold one:
+    here every thread start is slowed down, and wait_for_deletes is called in that window."""
+    import threading
+
+    from langflow_sandbox_createos.core import connection, pool_keeper, settings
+    from langflow_sandbox_createos.executor import run as executor_run
+
+    cp = executor_env
+    endpoint = connection.endpoints.get()
+    guests = [endpoint.client.create({"shape": "s-1vcpu-256mb"})["id"] for _ in range(2)]
+    for guest in guests:
+        pool_keeper.hold(endpoint, guest)
+    runs = [
+        executor_run._Run(endpoint, settings.executor_settings({}), None, pooled_guest=guest)  # type: ignore[arg-type]
+        for guest in guests
+    ]
+    real_start = threading.Thread.start
+    starting = threading.Event()
+
+    def slow_start(self: threading.Thread) -> None:
+        if self.name == "createos-executor-delete":
+            starting.set()
+            time.sleep(0.3)  # the window in which the thread is listed but not started
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", slow_start)
+    errors: list[BaseException] = []
+
+    def waiter() -> None:
+        starting.wait(10)
+        try:
+            executor_run.wait_for_deletes(30)
+        except BaseException as exc:
+            errors.append(exc)
+
+    watchers = [threading.Thread(target=waiter) for _ in range(2)]
+    for watcher in watchers:
+        real_start(watcher)
+    for run in runs:
+        run.close_soon()
+    for watcher in watchers:
+        watcher.join(60)
+    assert errors == []
+    executor_run.wait_for_deletes(30)
+    assert cp.wait_until_no_live(timeout=10.0) == []
+    assert not set(guests) & set(pool_keeper.keepers.held_ids())
+
+
 async def test_legacy_arun_inputs_and_output_selection(executor: CreateOSExecutor) -> None:
     """Graph.arun's shape: inputs on the unit, outputs picked by id, host-only options dropped."""
     unit = Unit(
