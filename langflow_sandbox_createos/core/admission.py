@@ -60,15 +60,13 @@ def gave_up_text(what: str, exc: WaitedTooLong, limit_setting: str, limit: int, 
 logger = logging.getLogger("langflow_sandbox_createos.admission")
 
 
-class Line:
-    """One surface's line. ``limit`` is read at each entry (a setting may change)."""
+class _Counts:
+    """What both lines count: runs holding a slot, and those that had to wait or gave up."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._lock = threading.Lock()
+        self._lock: threading.Lock | threading.Condition = threading.Lock()
         self._in_flight = 0
-        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
-        self._on_spare: list[Callable[[], None]] = []
         self.waited = 0  # runs that had to wait (introspection, tests, benchmarks)
         self.gave_up = 0  # runs that left the line at their wait deadline
 
@@ -80,7 +78,22 @@ class Line:
     @property
     def waiting(self) -> int:
         with self._lock:
-            return len(self._waiters)
+            return self._waiting_locked()
+
+    def _waiting_locked(self) -> int:
+        raise NotImplementedError
+
+
+class Line(_Counts):
+    """One surface's line. ``limit`` is read at each entry (a setting may change)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+        self._on_spare: list[Callable[[], None]] = []
+
+    def _waiting_locked(self) -> int:
+        return len(self._waiters)
 
     async def enter(
         self, limit: int, on_wait: Callable[[int, int], None], max_wait: float | None = None
@@ -184,30 +197,20 @@ class Line:
             self.leave()
 
 
-class SyncLine:
+class SyncLine(_Counts):
     """The same line for blocking callers (the sandbox backend and the component engine run in
     worker threads): tickets served in order; a caller interrupted while it waits (Ctrl-C, a
     timeout of lfx's) gives its ticket up, and the line moves past it."""
 
     def __init__(self, name: str) -> None:
-        self.name = name
-        self._cond = threading.Condition(threading.Lock())
-        self._in_flight = 0
+        super().__init__(name)
+        self._cond = self._lock = threading.Condition(threading.Lock())
         self._issued = 0  # next ticket to hand out
         self._serving = 0  # the ticket whose turn it is
         self._abandoned: set[int] = set()
-        self.waited = 0
-        self.gave_up = 0
 
-    @property
-    def in_flight(self) -> int:
-        with self._cond:
-            return self._in_flight
-
-    @property
-    def waiting(self) -> int:
-        with self._cond:
-            return self._issued - self._serving - len(self._abandoned)
+    def _waiting_locked(self) -> int:
+        return self._issued - self._serving - len(self._abandoned)
 
     def _skip_abandoned_locked(self) -> None:
         while self._serving in self._abandoned:
@@ -256,7 +259,7 @@ class SyncLine:
 
     def forget_after_fork(self) -> None:
         """In a fork child: the parent's callers are not ours (their threads did not fork)."""
-        self._cond = threading.Condition(threading.Lock())
+        self._cond = self._lock = threading.Condition(threading.Lock())
         self._in_flight = self._issued = self._serving = 0
         self._abandoned = set()
 
