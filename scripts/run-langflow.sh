@@ -64,9 +64,15 @@ cleanup() {
   if [ -n "$LF_PID" ] && kill -0 "$LF_PID" 2>/dev/null; then
     say "stopping Langflow (pid $LF_PID)"
     kill -INT -- "-$LF_PID" 2>/dev/null  # gunicorn: INT is the quick shutdown, TERM the graceful one
-    for _ in $(seq 1 40); do kill -0 "$LF_PID" 2>/dev/null || break; sleep 0.5; done
+    # 40 s: past gunicorn's own 30 s graceful timeout, after which its master kills a worker
+    # that has not stopped (a loaded 2-core machine once took over 20 s)
+    for _ in $(seq 1 80); do kill -0 "$LF_PID" 2>/dev/null || break; sleep 0.5; done
     if kill -0 "$LF_PID" 2>/dev/null; then
-      say "Langflow did not stop within 20 s: killing it"
+      # faulthandler (PYTHONFAULTHANDLER below) writes every thread's stack to langflow.log on
+      # SIGABRT: what held the stop up is there to read, then the rest is killed
+      say "Langflow did not stop within 40 s: its threads' stacks go to $RUN_DIR/langflow.log, then it is killed"
+      kill -ABRT -- "-$LF_PID" 2>/dev/null
+      sleep 2
       kill -KILL -- "-$LF_PID" 2>/dev/null
       unclean=1
     fi
@@ -171,7 +177,7 @@ mkdir -p "$LANGFLOW_CONFIG_DIR"
 # Started from $RUN_DIR: from the checkout, its gunicorn workers would import the source tree's
 # package (and its in-place .so) instead of the one installed in $VENV_LANGFLOW.
 # Python may write .pyc files: the first start compiles Langflow, later starts are faster.
-(cd "$RUN_DIR" && exec env -u PYTHONDONTWRITEBYTECODE setsid "$ROOT/$VENV_LANGFLOW/bin/langflow" run \
+(cd "$RUN_DIR" && exec env -u PYTHONDONTWRITEBYTECODE PYTHONFAULTHANDLER=1 setsid "$ROOT/$VENV_LANGFLOW/bin/langflow" run \
   --host "$LANGFLOW_HOST" --port "$LANGFLOW_PORT" --no-open-browser >"$RUN_DIR/langflow.log" 2>&1) &
 LF_PID=$!
 echo "$LF_PID" >"$RUN_DIR/langflow.pid"

@@ -202,7 +202,7 @@ class LangflowServer:
             raise RuntimeError(f"make run did not come up:\n{report}")
         self.start_seconds = time.monotonic() - started
 
-    def stop(self, timeout: float = 60.0) -> int | None:
+    def stop(self, timeout: float = 90.0) -> int | None:
         """Ctrl-C, as a user would; then make sure nothing of ours survives."""
         proc = self.process
         if proc is None:
