@@ -54,7 +54,7 @@ langflow: $(LANGFLOW_STAMP)
 # PYTEST_WORKERS pytest-xdist workers (0: one process), a test file to a worker (tests/conftest.py).
 PYTEST_WORKERS ?= 2
 test: $(STAMP) $(LANGFLOW_STAMP)
-	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); rc=$$?; \
+	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 # The native client's tests again, with ASan + UBSan (msgspec's recipe); the binding fuzzer

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from langflow_sandbox_createos.local.images import TEMPLATE_NAME
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-# `make test` runs the suite in pytest-xdist workers with `--dist loadgroup`: a test file goes to
-# one worker as a whole (its module fixtures run once: the fault matrix runs every case up front),
-# with two exceptions, each run by one worker: the end-to-end files (one Langflow server for the
-# session) and the two that build this source tree (`python -m build`, `pip wheel`).
+# `make test` runs the suite in pytest-xdist workers, a test file to one worker as a whole (its
+# module fixtures run once: the fault matrix runs every case up front), with two exceptions,
+# each run by one worker: the end-to-end files (one Langflow server for the session) and the two
+# that build this source tree (`python -m build`, `pip wheel`). The scheduler below does it.
+# (xdist's own `--dist loadgroup` does not, under pytest 9: it renames each item's `_nodeid`,
+# which pytest 9 no longer reads, so every test was its own group; files were spread over both
+# workers and their module fixtures, the fault matrix's 545 cases among them, ran in each.)
 SAME_WORKER = {
     "tests/e2e/": "e2e",
     "tests/packaging/": "builds",
@@ -33,8 +37,18 @@ def _rank(item: pytest.Item) -> int:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     items.sort(key=_rank)  # stable: a file's tests keep their order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item.nodeid.split("::", 1)[0])))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole groups (a file, or one of SAME_WORKER's) to one worker, in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid.split("::", 1)[0])
+
+    config.option.loadscopereorder = False  # keep FIRST's order, not the largest group first
+    return ByGroup(config, log)
 
 
 # Sandboxes whose names start with this are deliberately kept between tests (reused guests).
