@@ -57,7 +57,7 @@ test: $(STAMP) $(LANGFLOW_STAMP)
 	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
-# The native client's tests again, with ASan + UBSan (msgspec's recipe); the binding fuzzer
+# The native client's tests again, with ASan + UBSan (msgspec's recipe), in PYTEST_WORKERS workers; the binding fuzzer
 # (tests/native/test_binding_fuzz.py) runs 1000 hostile calls there (BINDING_FUZZ_EXAMPLES); the
 # 64-thread run_program test runs 64 x 5 instead of make test's 64 x 10 (STRESS_PER_THREAD).
 # allocator_may_return_null: a huge allocation is MemoryError, as with glibc's malloc.
@@ -66,7 +66,7 @@ sanitize: $(STAMP)
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	  PYTHONMALLOC=malloc ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  BINDING_FUZZ_EXAMPLES=$${BINDING_FUZZ_EXAMPLES:-1000} STRESS_PER_THREAD=$${STRESS_PER_THREAD:-5} \
-	  $(VPY) -m pytest -p no:cacheprovider tests/native $(PYTEST_ARGS); rc=$$?; \
+	  $(VPY) -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope tests/native $(PYTEST_ARGS); rc=$$?; \
 	  $(VPY) setup.py -q build_ext --inplace --force >/dev/null; exit $$rc
 
 fuzz: deps
