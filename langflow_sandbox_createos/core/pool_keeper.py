@@ -38,6 +38,8 @@ import threading
 import time
 from typing import IO, TYPE_CHECKING, Any
 
+from langflow_sandbox_createos.core import with_this_package_importable
+
 if TYPE_CHECKING:
     from langflow_sandbox_createos.core.connection import Endpoint
 
@@ -74,9 +76,7 @@ class Keeper:
                 ENV_OWNER: str(os.getpid()),
             }
         )
-        # the directory holding this package (core/ is one level below it)
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        with_this_package_importable(env)
         read_end, write_end = os.pipe()  # both close-on-exec: no other child inherits them
         try:
             self._proc = subprocess.Popen(

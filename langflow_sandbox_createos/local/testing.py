@@ -30,7 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+from langflow_sandbox_createos.core import with_this_package_importable
+
 _CLONE_NEWNET = 0x40000000
 _SANITIZER_ENV = frozenset({"LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "PYTHONMALLOC"})
 
@@ -114,7 +115,7 @@ class LocalControlPlane:
         # the tools it starts for every guest (unshare, nsenter, nft, bwrap, ...) run without
         # the sanitizer runtime, which would slow each of them down many times over.
         env = {k: v for k, v in os.environ.items() if k not in _SANITIZER_ENV}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        with_this_package_importable(env)
         env["CREATEOS_LOCAL_API_KEY"] = self.api_key
         argv = [sys.executable, "-m", "langflow_sandbox_createos.local", "--host", "127.0.0.1", "--port", "0"]
         argv += ["--state-dir", str(self.state_dir), "--port-file", str(port_file), *self._args]
