@@ -289,28 +289,16 @@ static void escape_step(san_step *st, const unsigned char *s, size_t n)
     st->chars = st->len;
 }
 
-void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
-                  size_t maxchars)
+/* One pass: runs of the secret become the mark, control characters and ill-formed
+ * bytes their escapes, at most maxchars characters (then "..."). */
+static void sanitize_pass(char *dst, size_t dstcap, const char *src, size_t srclen,
+                          const unsigned char *folded, size_t slen, size_t piece_min,
+                          size_t maxchars)
 {
     static const char mark[] = "[redacted]";
-    static const char withheld[] = "[withheld: text cannot be redacted]";
-    unsigned char folded[COS_KEY_MAX + 1];
-    size_t i = 0, o = 0, chars = 0, slen = 0, piece_min = 0, k;
+    size_t i = 0, o = 0, chars = 0;
     int cut = 0;
 
-    if (dstcap < sizeof withheld) {
-        if (dstcap)
-            dst[0] = '\0';
-        return;
-    }
-    if (secret != NULL && (slen = strlen(secret)) > COS_KEY_MAX) {
-        /* fail closed: a key redaction cannot cover never reaches a message */
-        memcpy(dst, withheld, sizeof withheld);
-        return;
-    }
-    for (k = 0; k < slen; k++)
-        folded[k] = ascii_lower((unsigned char)secret[k]);
-    piece_min = slen < SECRET_PIECE_MIN ? slen : SECRET_PIECE_MIN;
     while (i < srclen) {
         san_step st;
         size_t run = piece_min ? secret_run(src + i, srclen - i, folded, slen, piece_min) : 0;
@@ -336,6 +324,58 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
         o += 3;
     }
     dst[o] = '\0';
+}
+
+/* Whether a run of the secret at least piece_min long starts anywhere in s. */
+static int has_secret_run(const char *s, size_t n, const unsigned char *folded, size_t slen,
+                          size_t piece_min)
+{
+    size_t i;
+    for (i = 0; piece_min && i < n; i++)
+        if (secret_run(s + i, n - i, folded, slen, piece_min))
+            return 1;
+    return 0;
+}
+
+/* An escape written next to text from the server can complete a run of the key (the
+ * "f" of "\x7f" before "UZZ-SEC" spells "fUZZ-SEC": found by fuzz_exec_result), and so can
+ * the mark. So the output is passed again until it holds no run; text that still does
+ * after SANITIZE_PASSES passes, or that there is no memory to pass again, is withheld. */
+#define SANITIZE_PASSES 4
+
+void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
+                  size_t maxchars)
+{
+    static const char withheld[] = "[withheld: text cannot be redacted]";
+    unsigned char folded[COS_KEY_MAX + 1];
+    size_t slen = 0, piece_min, k, n;
+    char *again = NULL;
+    int pass;
+
+    if (dstcap < sizeof withheld) {
+        if (dstcap)
+            dst[0] = '\0';
+        return;
+    }
+    if (secret != NULL && (slen = strlen(secret)) > COS_KEY_MAX)
+        goto withhold; /* fail closed: a key redaction cannot cover never reaches a message */
+    for (k = 0; k < slen; k++)
+        folded[k] = ascii_lower((unsigned char)secret[k]);
+    piece_min = slen < SECRET_PIECE_MIN ? slen : SECRET_PIECE_MIN;
+    sanitize_pass(dst, dstcap, src, srclen, folded, slen, piece_min, maxchars);
+    for (pass = 1; has_secret_run(dst, n = strlen(dst), folded, slen, piece_min); pass++) {
+        if (pass == SANITIZE_PASSES || (again == NULL && (again = malloc(dstcap)) == NULL))
+            goto withhold;
+        memcpy(again, dst, n + 1);
+        /* the text is clean already: only runs change (the mark may make it longer than
+         * maxchars: then it is cut again, and still ends in one "...") */
+        sanitize_pass(dst, dstcap, again, n, folded, slen, piece_min, maxchars);
+    }
+    goto done;
+withhold:
+    memcpy(dst, withheld, sizeof withheld);
+done:
+    free(again);
     cos_wipe(folded, sizeof folded);
 }
 

@@ -83,6 +83,27 @@ def test_reflected_key_in_the_resume_state_is_redacted_and_escaped(server: RawSe
     assert control_chars(text) == [], text
 
 
+def completing(req: Request) -> bytes:
+    """An error whose escape completes a run of the key: ESC is written as `\\x1b`, whose
+    last letter, "b", and the 7 characters after it ("cdefXYZ", the key's end) spell 8 of
+    the key; the server itself sent only 7 (fuzz_exec_result found this with DEL's "f")."""
+    result = {"stdout": "", "stderr": "", "exit_code": 1, "error": f"tail \x1b{KEY[-7:]} end"}
+    return answer("200 OK", JSON, json.dumps({"status": "success", "data": {"result": result}}).encode())
+
+
+def test_an_escape_never_completes_a_run_of_the_key() -> None:
+    assert KEY[-8] == "b"  # what the escape of ESC ends with
+    server = RawServer(completing)
+    try:
+        with E.Client(server.url, KEY, control_timeout=10) as c:
+            r = c.exec("sb-1", "x", timeout=10, stream=False)
+    finally:
+        server.close()
+    assert r.error is not None and r.error.startswith("tail ") and r.error.endswith(" end"), r.error
+    assert leaks(r.error) == [], r.error
+    assert control_chars(r.error) == [] and "[redacted]" in r.error, r.error
+
+
 # Overlong encodings ('/' as C0 AF and E0 80 AF), UTF-16 surrogates (ED A0 80, ED BF BF), a
 # code point above U+10FFFF (F4 90 80 80), a lone continuation byte and a truncated sequence.
 MALFORMED = b"\xc0\xaf \xe0\x80\xaf \xed\xa0\x80 \xed\xbf\xbf \xf4\x90\x80\x80 \x80 \xe2\x82"
