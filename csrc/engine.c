@@ -194,7 +194,7 @@ static int has_work_locked(const cos_engine *e, size_t keep)
     return e->n_queued + e->n_active > keep;
 }
 
-/* Start the helper thread (mu held). -1 when the thread could not start. */
+/* Start the helper thread (mu held). 0, or pthread_create's error number. */
 static int start_helper_locked(cos_engine *e);
 
 /* The role is free (mu held): if work is left beyond the `keep` requests whose owners
@@ -437,7 +437,7 @@ static int start_helper_locked(cos_engine *e)
     rc = pthread_create(&e->helper, NULL, helper_main, e);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0)
-        return -1;
+        return rc;
     e->helper_started = 1;
     return 0;
 }
@@ -513,8 +513,10 @@ static int enqueue(cos_engine *e, cos_req *r, int orphan, cos_err *err)
         goto done;
     }
     /* nobody waits for an orphan: whoever drives, and the helper once no one does */
-    if ((orphan || !e->callers_drive) && start_helper_locked(e) < 0) {
+    if ((orphan || !e->callers_drive) && (rc = start_helper_locked(e)) != 0) {
         cos_err_set(err, COS_E_OS, "could not start the client's helper thread");
+        err->os_errno = rc;
+        rc = -1;
         goto done;
     }
     if (orphan) {

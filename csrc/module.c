@@ -35,8 +35,12 @@ PyObject *cos_raise(cos_state *st, const cos_err *err)
     case COS_E_NOMEM:
         return PyErr_NoMemory();
     case COS_E_OS:
-        errno = err->os_errno;
-        return PyErr_SetFromErrno(PyExc_OSError);
+        /* OSError(errno, what failed): "[Errno 11] could not start ..." */
+        v = Py_BuildValue("(is)", err->os_errno, err->msg);
+        if (v != NULL)
+            PyErr_SetObject(PyExc_OSError, v);
+        Py_XDECREF(v);
+        return NULL;
     case COS_E_VALUE:
         PyErr_SetString(PyExc_ValueError, err->msg);
         return NULL;

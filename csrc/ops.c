@@ -1114,10 +1114,14 @@ static void bg_delete_done(cos_req *r)
 static int delete_background(cos_ctx *c, const char *id, int attempt)
 {
     cos_req *r = delete_req(c->eng, c->cfg, id, attempt, c->err);
-    if (r == NULL)
-        return -1;
-    if (cos_engine_submit_orphan(c->eng, r, c->err) < 0) {
+    if (r != NULL && cos_engine_submit_orphan(c->eng, r, c->err) < 0) {
         cos_engine_release(c->eng, r);
+        r = NULL;
+    }
+    if (r == NULL) {
+        /* never sent (no helper thread, out of memory): a failed delete, which the
+         * caller's drain_deletes reports, never a silent one */
+        cos_engine_add_outcome(c->eng, id, 0, c->err->msg);
         return -1;
     }
     cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
