@@ -4,6 +4,8 @@ and a throwaway PKI for the tests that serve it over TLS."""
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,3 +57,26 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=other-ca",
              "-keyout", "other.key", "-out", "other.pem", cwd=d)  # fmt: skip
     return {name: d / f"{name}" for name in ("ca.pem", "server.pem", "server.key", "other.pem")}
+
+
+SHIMS = Path(__file__).parent / "shims"
+
+
+def build_shim(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """Compile tests/native/shims/<name>.c into an LD_PRELOAD library (gcc)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.fail(f"gcc is required to build the {name} shim (scripts/install-system-deps.sh)")
+    out = tmp_path_factory.mktemp("shim") / f"{name}.so"
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-O1", "-o", str(out), str(SHIMS / f"{name}.c"), "-ldl"], check=True
+    )
+    return out
+
+
+def preloading(shim: Path, **extra: str) -> dict[str, str]:
+    """This process's environment with `shim` preloaded, after the sanitizer runtimes of
+    `make sanitize`, which must come first."""
+    env = dict(os.environ, **extra)
+    env["LD_PRELOAD"] = f"{env.get('LD_PRELOAD', '')} {shim}".strip()
+    return env

@@ -9,8 +9,6 @@ KeyboardInterrupt, and the delete it gave up on is reported by drain_deletes."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,9 +18,7 @@ import pytest
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-from .conftest import SHAPE
-
-SHIM_SOURCE = Path(__file__).parent / "shims" / "stall_delete.c"
+from .conftest import SHAPE, build_shim, preloading
 
 SCRIPT = textwrap.dedent(
     """
@@ -56,17 +52,11 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.fail("gcc is required to build the send shim (scripts/install-system-deps.sh)")
-    out = tmp_path_factory.mktemp("shim") / "stall_delete.so"
-    subprocess.run([gcc, "-shared", "-fPIC", "-O1", "-o", str(out), str(SHIM_SOURCE), "-ldl"], check=True)
-    return out
+    return build_shim(tmp_path_factory, "stall_delete")
 
 
 def test_ctrl_c_during_a_held_cleanup_delete(shim: Path, cp: LocalControlPlane) -> None:
-    env = dict(os.environ, CP_URL=cp.url, CP_KEY=cp.api_key, STALL_SECONDS="8", SIGINT_AFTER="3.5")
-    env["LD_PRELOAD"] = f"{env.get('LD_PRELOAD', '')} {shim}".strip()  # after the sanitizers'
+    env = preloading(shim, CP_URL=cp.url, CP_KEY=cp.api_key, STALL_SECONDS="8", SIGINT_AFTER="3.5")
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, SHAPE], env=env, capture_output=True, text=True, timeout=120
     )

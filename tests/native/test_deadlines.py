@@ -4,8 +4,6 @@ built here with gcc) bounds neither the call, nor other calls on the same Client
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,7 +13,8 @@ import pytest
 
 from langflow_sandbox_createos import _createos
 
-SHIM_SOURCE = Path(__file__).parent / "shims" / "stall_getaddrinfo.c"
+from .conftest import build_shim, preloading
+
 STALL_SECONDS = 20
 
 SCRIPT = textwrap.dedent(
@@ -64,18 +63,11 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.fail("gcc is required to build the getaddrinfo shim (scripts/install-system-deps.sh)")
-    out = tmp_path_factory.mktemp("shim") / "stall_getaddrinfo.so"
-    subprocess.run([gcc, "-shared", "-fPIC", "-O1", "-o", str(out), str(SHIM_SOURCE), "-ldl"], check=True)
-    return out
+    return build_shim(tmp_path_factory, "stall_getaddrinfo")
 
 
 def test_stalled_name_resolution_is_bounded_by_the_deadline(shim: Path) -> None:
-    env = dict(os.environ, STALL_SECONDS=str(STALL_SECONDS))
-    # after the sanitizer runtimes of `make sanitize`, which must come first
-    env["LD_PRELOAD"] = f"{env.get('LD_PRELOAD', '')} {shim}".strip()
+    env = preloading(shim, STALL_SECONDS=str(STALL_SECONDS))
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=4 * STALL_SECONDS
     )

@@ -5,8 +5,6 @@ which needs that thread, is reported as a failed delete instead of being dropped
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,9 +14,7 @@ import pytest
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-from .conftest import SHAPE
-
-SHIM_SOURCE = Path(__file__).parent / "shims" / "refuse_threads.c"
+from .conftest import SHAPE, build_shim, preloading
 
 SCRIPT = textwrap.dedent(
     """
@@ -49,20 +45,13 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.fail("gcc is required to build the pthread_create shim (scripts/install-system-deps.sh)")
-    out = tmp_path_factory.mktemp("shim") / "refuse_threads.so"
-    subprocess.run([gcc, "-shared", "-fPIC", "-O1", "-o", str(out), str(SHIM_SOURCE), "-ldl"], check=True)
-    return out
+    return build_shim(tmp_path_factory, "refuse_threads")
 
 
 def test_a_background_delete_without_a_helper_thread_is_a_reported_failure(
     shim: Path, cp: LocalControlPlane
 ) -> None:
-    env = dict(os.environ)
-    # after the sanitizer runtimes of `make sanitize`, which must come first
-    env["LD_PRELOAD"] = f"{env.get('LD_PRELOAD', '')} {shim}".strip()
+    env = preloading(shim)
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, cp.url, cp.api_key, SHAPE],
         env=env,
