@@ -31,7 +31,7 @@ void cos_client_after_fork(PyObject *obj)
 {
     ClientObject *self = (ClientObject *)obj;
     cos_err err;
-    if (self->eng == NULL || cos_engine_pid(self->eng) == getpid())
+    if (self->eng == NULL || !cos_engine_forked(self->eng))
         return;
     /* abandon the parent's engine: its sockets and thread are not ours */
     cos_err_clear(&err);
@@ -361,7 +361,7 @@ static void client_close_engine(ClientObject *self)
     self->eng = NULL;
     if (e == NULL)
         return;
-    if (cos_engine_pid(e) == getpid()) {
+    if (!cos_engine_forked(e)) {
         Py_BEGIN_ALLOW_THREADS
         cos_engine_free(e); /* waits for background deletes (each bounded) */
         Py_END_ALLOW_THREADS
@@ -1029,7 +1029,7 @@ static PyObject *c_drain_deletes(ClientObject *self, PyObject *args, PyObject *k
 
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|d", kw, &timeout))
         goto done;
-    if (self->eng == NULL || cos_engine_pid(self->eng) != getpid()) {
+    if (self->eng == NULL) { /* closed; a forked child's engine reports no outcome */
         list = PyList_New(0);
         goto done;
     }
@@ -1065,7 +1065,7 @@ done:
 static PyObject *c_pending_deletes(ClientObject *self, PyObject *unused)
 {
     (void)unused;
-    if (self->eng == NULL || cos_engine_pid(self->eng) != getpid())
+    if (self->eng == NULL) /* closed; a forked child's engine has none pending */
         return PyLong_FromLong(0);
     return PyLong_FromSize_t(cos_engine_pending_deletes(self->eng));
 }
@@ -1078,7 +1078,7 @@ static PyObject *c_stats(ClientObject *self, PyObject *unused)
     (void)unused;
     if (d == NULL)
         return NULL;
-    if (self->eng != NULL && cos_engine_pid(self->eng) == getpid())
+    if (self->eng != NULL) /* a forked child's engine counts zero */
         cos_engine_stats(self->eng, v);
     for (i = 0; i < COS_STAT_COUNT; i++) {
         PyObject *n = PyLong_FromUnsignedLongLong(v[i]);
@@ -1090,8 +1090,7 @@ static PyObject *c_stats(ClientObject *self, PyObject *unused)
         Py_DECREF(n);
     }
     if (self->eng != NULL) {
-        PyObject *n = PyLong_FromSize_t(
-            cos_engine_pid(self->eng) == getpid() ? cos_engine_pending_deletes(self->eng) : 0);
+        PyObject *n = PyLong_FromSize_t(cos_engine_pending_deletes(self->eng));
         if (n == NULL || PyDict_SetItemString(d, "pending_deletes", n) < 0) {
             Py_XDECREF(n);
             Py_DECREF(d);
@@ -1108,7 +1107,7 @@ static PyObject *c_close(ClientObject *self, PyObject *unused)
     if (self->closed)
         Py_RETURN_NONE;
     self->closed = 1;
-    if (self->eng != NULL && cos_engine_pid(self->eng) == getpid()) {
+    if (self->eng != NULL && !cos_engine_forked(self->eng)) {
         cos_engine *e = self->eng;
         /* the struct stays until dealloc: other threads may still be inside a call */
         Py_BEGIN_ALLOW_THREADS

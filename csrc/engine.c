@@ -118,11 +118,6 @@ nomem:
     return NULL;
 }
 
-pid_t cos_engine_pid(const cos_engine *e)
-{
-    return e->pid;
-}
-
 /* A forked child holds a copy of its parent's engine: the sockets, the multi handle
  * and the helper thread's state are the parent's, and a lock another thread held at
  * the fork stays held for ever. Every entry point below that would touch them checks

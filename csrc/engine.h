@@ -47,7 +47,6 @@ typedef struct cos_engine cos_engine;
 int cos_callers_drive(void);
 
 cos_engine *cos_engine_new(cos_err *err);
-pid_t cos_engine_pid(const cos_engine *e);
 /* 1 in a process forked from the engine's own: every call then leaves it alone
  * (a wait returns at once unfinished, a submit fails with COS_E_CLOSED). */
 int cos_engine_forked(const cos_engine *e);
