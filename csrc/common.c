@@ -290,14 +290,15 @@ static void escape_step(san_step *st, const unsigned char *s, size_t n)
 }
 
 /* One pass: runs of the secret become the mark, control characters and ill-formed
- * bytes their escapes, at most maxchars characters (then "..."). */
-static void sanitize_pass(char *dst, size_t dstcap, const char *src, size_t srclen,
-                          const unsigned char *folded, size_t slen, size_t piece_min,
-                          size_t maxchars)
+ * bytes their escapes, at most maxchars characters (then "..."). 1 when it wrote text
+ * of its own (a mark, an escape, the cut); 0 when dst is src, whole and unchanged. */
+static int sanitize_pass(char *dst, size_t dstcap, const char *src, size_t srclen,
+                         const unsigned char *folded, size_t slen, size_t piece_min,
+                         size_t maxchars)
 {
     static const char mark[] = "[redacted]";
     size_t i = 0, o = 0, chars = 0;
-    int cut = 0;
+    int cut = 0, ours = 0;
 
     while (i < srclen) {
         san_step st;
@@ -314,6 +315,7 @@ static void sanitize_pass(char *dst, size_t dstcap, const char *src, size_t srcl
             cut = 1;
             break;
         }
+        ours |= st.piece != src + i; /* the mark or an escape */
         memcpy(dst + o, st.piece, st.len);
         o += st.len;
         chars += st.chars;
@@ -324,6 +326,7 @@ static void sanitize_pass(char *dst, size_t dstcap, const char *src, size_t srcl
         o += 3;
     }
     dst[o] = '\0';
+    return ours | cut;
 }
 
 /* Whether a run of the secret at least piece_min long starts anywhere in s. */
@@ -350,7 +353,7 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
     unsigned char folded[COS_KEY_MAX + 1];
     size_t slen = 0, piece_min, k, n;
     char *again = NULL;
-    int pass;
+    int pass, ours;
 
     if (dstcap < sizeof withheld) {
         if (dstcap)
@@ -362,14 +365,16 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
     for (k = 0; k < slen; k++)
         folded[k] = ascii_lower((unsigned char)secret[k]);
     piece_min = slen < SECRET_PIECE_MIN ? slen : SECRET_PIECE_MIN;
-    sanitize_pass(dst, dstcap, src, srclen, folded, slen, piece_min, maxchars);
-    for (pass = 1; has_secret_run(dst, n = strlen(dst), folded, slen, piece_min); pass++) {
+    ours = sanitize_pass(dst, dstcap, src, srclen, folded, slen, piece_min, maxchars);
+    /* text copied unchanged holds no run (the pass looked at each of its characters):
+     * only what the pass wrote of its own can have made one */
+    for (pass = 1; ours && has_secret_run(dst, n = strlen(dst), folded, slen, piece_min); pass++) {
         if (pass == SANITIZE_PASSES || (again == NULL && (again = malloc(dstcap)) == NULL))
             goto withhold;
         memcpy(again, dst, n + 1);
         /* the text is clean already: only runs change (the mark may make it longer than
          * maxchars: then it is cut again, and still ends in one "...") */
-        sanitize_pass(dst, dstcap, again, n, folded, slen, piece_min, maxchars);
+        ours = sanitize_pass(dst, dstcap, again, n, folded, slen, piece_min, maxchars);
     }
     goto done;
 withhold:
