@@ -96,6 +96,15 @@ def render_markdown(doc: dict[str, Any], targets: Targets, results_dir: Path | N
                 if p > 0
                 else "",
             ]
+    s2 = results.get("S2_cpu_ms")
+    if s2 and s2.get("floor"):
+        floor, peer = s2["floor"]["median"], s2["peer"]["median"]
+        lines += [
+            "",
+            f"{targets['S2_cpu_ms'][0]}: the floor (benchmarks/s2_floor.c: the same three requests from a "
+            f"one-thread libcurl client in C, no Python, measured between the runs) was {floor:.3f} ms "
+            f"CPU per run, {floor / peer:.3f} of the peer; ours spent {s2['ours']['median'] - floor:.3f} ms above it.",
+        ]
     lines += ["", "What each row measures:", ""]
     for key in targets:
         if key in results:

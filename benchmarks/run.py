@@ -180,6 +180,45 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
     }
 
 
+class S2Floor:
+    """S2's floor: benchmarks/s2_floor.c, a one-thread libcurl client with no Python, replaying
+    the create and exec bodies our backend sends (and the delete) on one kept-alive
+    connection. What the three requests of a backend run cost any libcurl client here."""
+
+    def __init__(self, wire: dict[str, Any], cp: LocalControlPlane) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="s2-floor-")
+        self.dir = Path(self._tmp.name)
+        self.binary = self.dir / "s2_floor"
+        cc = os.environ.get("CC", "cc")
+        subprocess.run(
+            [cc, "-O2", "-o", str(self.binary), str(HERE / "s2_floor.c"), "-lcurl", "-ljansson"],
+            check=True,
+        )
+        (self.dir / "create.json").write_text(json.dumps(wire["create"]))
+        (self.dir / "exec.json").write_text(json.dumps(wire["exec"], separators=(",", ":")))
+        self.cp = cp
+
+    def sample(self, runs: int) -> float:
+        """One process, `runs` measured runs (after its warm-up): CPU per run in ms."""
+        out = subprocess.run(
+            [
+                str(self.binary),
+                self.cp.url,
+                str(self.dir / "create.json"),
+                str(self.dir / "exec.json"),
+                str(runs),
+            ],
+            env={**os.environ, "CREATEOS_SANDBOX_API_KEY": self.cp.api_key},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return float(json.loads(out.stdout)["cpu_per_run"]) * 1000
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
 def interleave(
     n: int, a: Callable[[], float | None], b: Callable[[], float | None]
 ) -> tuple[list[float], list[float]]:
@@ -299,8 +338,27 @@ class Bench:
             assert r["failures"] == 0, r
             return r["cpu_per_run"] * 1000
 
-        ours, peer = interleave(rounds, lambda: one("ours"), lambda: one("peer"))
-        self.record("S2_cpu_ms", ours, peer, unit="ms CPU/run", better="lower", runs_per_sample=per)
+        floor = S2Floor(self.w["ours"].call("wire", code="print(1)"), self.cp)
+        floors: list[float] = []
+
+        def peer_then_floor() -> float:
+            cpu = one("peer")
+            floors.append(floor.sample(per))
+            return cpu
+
+        try:
+            ours, peer = interleave(rounds, lambda: one("ours"), peer_then_floor)
+        finally:
+            floor.close()
+        self.record(
+            "S2_cpu_ms",
+            ours,
+            peer,
+            unit="ms CPU/run",
+            better="lower",
+            runs_per_sample=per,
+            floor=summary(floors),
+        )
 
     def s3(self) -> None:
         log("S3: 16 threads x 25 runs in one process, 50 ms boot delay")

@@ -133,6 +133,20 @@ def op_cpu(cmd: dict[str, Any]) -> dict[str, Any]:
     return {"cpu_per_run": cpu / cmd["n"], "wall_per_run": wall / cmd["n"], "failures": failures}
 
 
+def op_wire(cmd: dict[str, Any]) -> dict[str, Any]:
+    """Ours only: the create and exec request bodies our backend sends for `code` (S2's floor
+    replays them from C). Built by the backend's own code, as `run` builds them."""
+    from langflow_sandbox_createos.backend import engine
+    from langflow_sandbox_createos.core import connection
+
+    config = engine._read_settings()
+    plan = backend()._plan_for(connection.endpoints.get(), config, {})
+    program = engine._Program.build(cmd.get("code", "print(1)"), config.timeout_seconds)
+    assert program.stdin is not None and not program.files, "S2's program travels on stdin"
+    body = {"cmd": "/bin/sh", "args": ["-c", program.script], "stdin": program.stdin, "stream": True}
+    return {"create": dict(plan.create), "exec": body}
+
+
 def op_threads(cmd: dict[str, Any]) -> dict[str, Any]:
     """`threads` threads x `runs` backend runs each, sharing one backend: runs per second."""
     b = backend()
@@ -380,6 +394,7 @@ OPS = {
     "set_env": op_set_env,
     "run": op_run,
     "cpu": op_cpu,
+    "wire": op_wire,
     "threads": op_threads,
     "big_output": op_big_output,
     "component": op_component,
