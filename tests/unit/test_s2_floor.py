@@ -4,7 +4,6 @@ delete, against createos-local; a run whose program fails is counted, not hidden
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -17,18 +16,7 @@ import pytest
 
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
-RUN_PY = Path(__file__).resolve().parents[2] / "benchmarks" / "run.py"
-
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
-
-
-@pytest.fixture(scope="module")
-def bench_run() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_run_floor", RUN_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def wire(bench_run: ModuleType, cp: LocalControlPlane, tmp_path: Path) -> dict[str, Any]:
