@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "code_metrics.py"
-
-
-@pytest.fixture(scope="module")
-def cm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("code_metrics", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["code_metrics"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
 
 FILES = {
     "pyproject.toml": '[project]\nname = "x"\nversion = "9.8.7"\n\n[tool.other]\nversion = "1.0"\n',
@@ -163,5 +148,5 @@ def test_markdown_and_cli(cm: ModuleType, result: dict[str, Any], capsys: pytest
     assert "| import circles, eager edges only | 0 |" in text
     assert "- backend/pool.py:13 -> backend/run.py (lazy)" in text
     with pytest.raises(SystemExit):
-        cm.main([str(SCRIPT.parent)])  # scripts/ has no package folder
+        cm.main([str(Path(cm.__file__).parent)])  # scripts/ has no package folder
     assert "has no langflow_sandbox_createos/ folder" in capsys.readouterr().err
