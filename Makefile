@@ -105,7 +105,7 @@ bench: $(STAMP) $(LANGFLOW_STAMP)
 	VENV_LANGFLOW=$(VENV_LANGFLOW) $(VPY) benchmarks/server_bench.py
 
 # S8 alone, long form: S8_SECONDS (60) per cell, S8_CAPACITY_RUNS (16) cold runs for the bed's
-# capacity; about 35-40 min on the 2 shared cores. Results in benchmarks/results/s8.{json,md,png}.
+# capacity; about 18 min on the 2 shared cores (1,050 s on 2026-12-03). Results in benchmarks/results/s8.{json,md,png}.
 S8_SECONDS ?= 60
 S8_CAPACITY_RUNS ?= 16
 bench-server: $(STAMP) $(LANGFLOW_STAMP)

@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -651,7 +652,19 @@ def result_name(only: set[str], quick: bool) -> str:
     return ("quick-" if quick else "partial-") + "-".join(sorted(only & ALL_SCENARIOS) or ["none"])
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (a CI time limit, `kill`) unwinds like Ctrl-C: the `finally` blocks stop the
+    workers, the servers and createos-local with its guests (the default action would kill
+    this process alone and leave them running)."""
+
+    def unwind(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -86,7 +86,7 @@ def venv_langflow() -> Path:
 # --- statistics ------------------------------------------------------------------------------
 
 
-from run import percentile  # noqa: E402  (benchmarks/run.py, S1-S7's own)
+from run import percentile, stop_on_sigterm  # noqa: E402  (benchmarks/run.py, S1-S7's own)
 
 # --- /proc -----------------------------------------------------------------------------------
 
@@ -1239,6 +1239,7 @@ def servers(bed: Bed, scratch: Path, wanted: dict[str, dict[str, str]]) -> Itera
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    stop_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--quick", action="store_true", help="smoke test: 5 s cells, 3 capacity runs (not a result)"
