@@ -96,6 +96,15 @@ def render_markdown(doc: dict[str, Any], targets: Targets, results_dir: Path | N
                 if p > 0
                 else "",
             ]
+    s7 = results.get("S7_pool_on_s")
+    if s7 and s7.get("host_cpu_ms", {}).keys() >= {"in-process", "pool on"}:
+        cpu = s7["host_cpu_ms"]
+        lines += [
+            "",
+            f"{targets['S7_pool_on_s'][0]}: the host process's CPU per run (all threads; for the pooled run "
+            f"until its replacement guest is created) was {cpu['pool on']['median']:.1f} ms with the executor's "
+            f"pool, {cpu['in-process']['median']:.1f} ms in-process.",
+        ]
     s2 = results.get("S2_cpu_ms")
     if s2 and s2.get("floor"):
         floor, peer = s2["floor"]["median"], s2["peer"]["median"]

@@ -510,16 +510,21 @@ class Bench:
         trials = self.n(5, 2)
         peer_texts: set[str] = set()
 
+        host_cpu: dict[str, list[float]] = {"in-process": [], "pool on": []}
+
         def arun(name: str, kind: str, pool_ready: bool = False) -> float:
             r = self.w[name].call("arun", kind=kind, pool_ready=pool_ready)
             if name == "ours":
                 assert r["text"] == "hi", r
+                if kind == "in-process" or pool_ready:
+                    host_cpu["pool on" if pool_ready else "in-process"].append(r["cpu"] * 1000)
             elif r["text"] != "hi":  # timed all the same; its answer is reported
                 peer_texts.add(repr(r["text"]))
             return r["wall"]
 
         ours = self.w["ours"]
         arun("ours", "in-process")  # imports
+        host_cpu["in-process"].clear()
         in_process = [arun("ours", "in-process") for _ in range(trials)]
         ours.call("set_env", vars={"CREATEOS_EXECUTOR_WARM_POOL": "0"})
         arun("ours", "createos")
@@ -547,6 +552,7 @@ class Bench:
             better="lower",
             minus_in_process=statistics.median(on) - statistics.median(in_process),
             rss_mib={"pool0": round(rss_pool0, 1), "pool4": round(rss_pool4, 1)},
+            host_cpu_ms={k: summary(v) for k, v in host_cpu.items() if v},
             peer_wrong_texts=sorted(peer_texts),
         )
         self.record("S7_pool_off_s", off, peer, unit="s", better="lower")
