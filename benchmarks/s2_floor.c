@@ -82,18 +82,19 @@ static size_t to_frames(char *p, size_t size, size_t n, void *ud)
     return add;
 }
 
-/* One request on the shared handle; the answer's body in `out`. Returns the HTTP status. */
+/* One request on the shared handle, its answer's body handed to `sink` with `ud`.
+ * Returns the HTTP status (0 when the transfer failed). */
 static long request(CURL *h, struct curl_slist *hdrs, const char *method, const char *url,
                     const char *body, curl_write_callback sink, void *ud)
 {
     long status = 0;
     curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(h, CURLOPT_HTTPGET, body == NULL ? 1L : 0L);
-    if (body == NULL)
-        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
+    if (body != NULL)
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    else
+        curl_easy_setopt(h, CURLOPT_HTTPGET, 1L); /* no body: drop the last request's */
+    curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, sink);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, ud);
     if (curl_easy_perform(h) == CURLE_OK)
