@@ -62,7 +62,7 @@ def test_sigterm_stops_the_server_and_the_bed(tmp_path: Path) -> None:
             env={**os.environ, "VENV_LANGFLOW": str(VENV_LANGFLOW)},
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its session holds everything it starts
+            start_new_session=True,  # its session: the bench and the children it did not detach
         )
     try:
         deadline = time.monotonic() + 240
