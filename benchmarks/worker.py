@@ -143,7 +143,8 @@ def op_wire(cmd: dict[str, Any]) -> dict[str, Any]:
     plan = backend()._plan_for(connection.endpoints.get(), config, {})
     program = engine._Program.build(cmd.get("code", "print(1)"), config.timeout_seconds)
     assert program.stdin is not None and not program.files, "S2's program travels on stdin"
-    body = {"cmd": "/bin/sh", "args": ["-c", program.script], "stdin": program.stdin, "stream": True}
+    # the fields in the order ops.c writes them (stdin last: exec_request splices it in)
+    body = {"cmd": "/bin/sh", "args": ["-c", program.script], "stream": True, "stdin": program.stdin}
     return {"create": dict(plan.create), "exec": body}
 
 

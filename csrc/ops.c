@@ -6,6 +6,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "jsonquote.h"
+
 #define PAGE_LIMIT 500
 #define MAX_PAGES 10000
 #define RUN_FALLBACK 1
@@ -847,33 +849,58 @@ static void exec_request_free(cos_req_spec *spec)
     spec->body = spec->url = NULL;
 }
 
-/* The exec request: its JSON body and URL, and the spec fields both forms share.
- * Returns -1 (err set) when memory runs out. */
+/* The exec request: its JSON body and URL, and the spec fields both forms share. The
+ * body is jansson's dump of the small fields with stdin, which can be large, spliced in
+ * by cos_json_quote (jansson escapes a string a code point at a time). Returns -1 (err
+ * set) when stdin is not UTF-8 or memory runs out. */
 static int exec_request(cos_ctx *c, const char *id, const cos_exec_args *a, int stream,
                         long timeout_ms, cos_req_spec *spec)
 {
     json_t *b = json_object();
-    char *text = NULL;
+    char *small = NULL;
+    cos_buf body = {0};
+    int rc = -1;
+
+    memset(spec, 0, sizeof *spec);
     if (b != NULL && json_object_set_new(b, "cmd", json_string(a->cmd)) == 0 &&
         json_object_set_new(b, "args", a->args ? json_incref(a->args) : json_array()) == 0 &&
-        (!a->stdin_data ||
-         json_object_set_new(b, "stdin", json_stringn(a->stdin_data, a->stdin_len)) == 0) &&
         (!a->env || json_object_set_new(b, "env", json_incref(a->env)) == 0) &&
         (!stream || json_object_set_new(b, "stream", json_true()) == 0))
-        text = json_dumps(b, JSON_COMPACT);
-    json_decref(b);
-    memset(spec, 0, sizeof *spec);
+        small = json_dumps(b, JSON_COMPACT); /* {"cmd":...}: never empty */
+    if (small == NULL || cos_buf_append(&body, small, strlen(small) - 1) < 0) {
+        nomem(c, "exec");
+        goto done;
+    }
+    if (a->stdin_data != NULL) {
+        if (cos_buf_append(&body, ",\"stdin\":", 9) < 0) {
+            nomem(c, "exec");
+            goto done;
+        }
+        int quoted = cos_json_quote(&body, a->stdin_data, a->stdin_len);
+        if (quoted == COS_QUOTE_NOT_UTF8)
+            cos_err_set(c->err, COS_E_VALUE, "exec failed: stdin is not valid UTF-8");
+        else if (quoted < 0)
+            nomem(c, "exec");
+        if (quoted < 0)
+            goto done;
+    }
+    if (cos_buf_append(&body, "}", 2) < 0 || /* with its NUL */
+        (spec->url = sandbox_url(c, id, stream ? "/exec?stream=true" : "/exec")) == NULL) {
+        nomem(c, "exec");
+        goto done;
+    }
     spec->method = "POST";
-    spec->url = sandbox_url(c, id, stream ? "/exec?stream=true" : "/exec");
-    spec->body = text;
-    spec->body_len = text ? strlen(text) : 0;
+    spec->body = body.data;
+    spec->body_len = body.len - 1;
     spec->content_type = "application/json";
     spec->timeout_ms = timeout_ms;
-    if (text == NULL || spec->url == NULL) {
-        exec_request_free(spec);
-        return nomem(c, "exec");
-    }
-    return 0;
+    body.data = NULL;
+    rc = 0;
+done:
+    free(small);
+    json_decref(b);
+    cos_buf_free(&body);
+    return rc;
 }
 
 /* 0 done, RUN_FALLBACK when the server has no streaming exec, -1 error. */

@@ -135,6 +135,25 @@ def test_stdin_keeps_embedded_nul(client: E.Client, sandbox: dict[str, Any]) -> 
     assert r.stdout.strip() == "4"
 
 
+# Every byte below 0x20, the two JSON must escape, DEL, and UTF-8 of two, three and four
+# bytes, U+2028 and U+FFFF among them: jsonquote.c writes the stdin field of the exec body.
+EVERY_KIND_OF_TEXT = "".join(map(chr, range(0x20))) + '"\\/\x7f é € \u2028 \uffff 😀 end' * 300
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+def test_stdin_reaches_the_guest_byte_for_byte(
+    client: E.Client, sandbox: dict[str, Any], stream: bool
+) -> None:
+    """The exec body's stdin is quoted by the client's own JSON writer, not jansson's: the
+    guest must read back exactly the UTF-8 of the text sent."""
+    want = hashlib.sha256(EVERY_KIND_OF_TEXT.encode()).hexdigest()
+    r = client.exec(
+        sandbox["id"], "sha256sum", stdin=EVERY_KIND_OF_TEXT, timeout=10, stream=stream, on_output=None
+    )
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.split()[0] == want
+
+
 def test_json_keys_keep_embedded_nul(client: E.Client) -> None:
     """A key is sent whole: the server sees (and refuses) "A\\x00B", not a silently cut "A".
     jansson before 2.14 cannot hold it: refused with ValueError, still never cut."""
