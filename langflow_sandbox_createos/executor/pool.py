@@ -29,7 +29,6 @@ module adds what a warm executor guest is:
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -38,8 +37,7 @@ from typing import Any
 from langflow_sandbox_createos.core import admission, connection, guest_spec, warm_pool
 from langflow_sandbox_createos.core.guest_spec import GuestSpec
 from langflow_sandbox_createos.core.settings import ExecutorSettings
-from langflow_sandbox_createos.executor.guest import runner_source
-from langflow_sandbox_createos.executor.run import SPEC_PATH, _Run
+from langflow_sandbox_createos.executor.run import SPEC_PATH, _Run, compact_json, runner_stdin
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -101,6 +99,15 @@ def _warm_flow() -> dict[str, Any] | None:
         return None
 
 
+@functools.lru_cache(maxsize=8)
+def _wait_json(seconds: float) -> str:
+    """What a pooled runner waits for and how, with the warm-up flow (about 24 KB, encoded
+    once per process and wait)."""
+    return compact_json(
+        {"path": SPEC_PATH, "seconds": seconds, "poll": POLL_SECONDS, "warm_flow": _warm_flow()}
+    )
+
+
 class _Warmer:
     """Starts a guest's runner and waits until it is ready for a spec (warm_pool.Warmer)."""
 
@@ -108,12 +115,7 @@ class _Warmer:
         assert isinstance(key, ExecutorPoolKey)
         wait = key.idle_seconds + WAIT_MARGIN_SECONDS
         run = _Run(key.endpoint, key.cfg, None, pooled_guest=sandbox_id, waiting=wait)
-        document = {
-            "runner": runner_source(),
-            "token": run.token,
-            "wait": {"path": SPEC_PATH, "seconds": wait, "poll": POLL_SECONDS, "warm_flow": _warm_flow()},
-        }
-        run.start_exec(json.dumps(document, separators=(",", ":")))
+        run.start_exec(runner_stdin(run.token, wait=_wait_json(wait)))
         kinds = run.wait_warm(WARM_TIMEOUT_SECONDS)
         if "waiting" in kinds and run.alive():
             return run

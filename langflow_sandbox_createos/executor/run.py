@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -52,6 +53,24 @@ ROOTFS_HINT = (
 
 # Frame types the runner writes once per run; a second one fails the run.
 ONCE = frozenset({"hello", "ready", "graph", "accepted", "waiting", "outputs", "done"})
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+@functools.lru_cache(maxsize=1)
+def _runner_json() -> str:
+    return json.dumps(runner_source())
+
+
+def runner_stdin(token: str, **fields: str) -> str:
+    """The runner's stdin document: its program, the run's frame secret, and `fields`, each
+    given as JSON text already. The program (about 60 KB) is encoded once per process, and a
+    caller can keep the encoding of other parts that do not change (the warm-up flow)."""
+    parts = [f'"runner":{_runner_json()}', f'"token":{json.dumps(token)}']
+    parts += [f"{json.dumps(name)}:{text}" for name, text in fields.items()]
+    return "{" + ",".join(parts) + "}"
 
 
 def _version_text(value: Any) -> str | None:
@@ -366,7 +385,7 @@ class _Run:
         """Upload this run's spec to where the pooled runner waits for it. False when the
         guest refused it (paused: 409, gone: 404): the runner cannot have seen it."""
         self.spec = spec
-        body = json.dumps(self._wire_spec(), separators=(",", ":"), default=str).encode()
+        body = compact_json(self._wire_spec()).encode()
         data = spec_mac(bytes.fromhex(self.token), body).encode("ascii") + b"\n" + body
         native = load_native()
         try:
@@ -379,20 +398,18 @@ class _Run:
 
     async def stage(self) -> str:
         """The exec's stdin; a large spec is uploaded first and only its path travels on stdin."""
-        spec = self._wire_spec()
-        document: dict[str, Any] = {"runner": runner_source(), "token": self.token, "spec": spec}
-        stdin = json.dumps(document, separators=(",", ":"), default=str)
+        spec_json = compact_json(self._wire_spec())
+        stdin = runner_stdin(self.token, spec=spec_json)
         if len(stdin) <= STDIN_SPEC_MAX_BYTES:
             return stdin
         path = f"{SPEC_DIR}/{guest_spec.random_name('s')}.json"
-        data = json.dumps(spec, separators=(",", ":"), default=str).encode()
+        data = spec_json.encode()
         native = load_native()
         try:
             await asyncio.to_thread(self.client.upload, self.sandbox_id, path, data)
         except native.CreateOSError as exc:
             raise failures.to_lfx_error(exc, "upload the run spec to the executor guest") from None
-        document = {"runner": runner_source(), "token": self.token, "spec_path": path}
-        return json.dumps(document, separators=(",", ":"))
+        return runner_stdin(self.token, spec_path=json.dumps(path))
 
     async def reply(self, name: str, answer: Mapping[str, Any]) -> None:
         """Answer a request the guest waits on (`reply-<n>`: a stored message's id; `sandbox-<n>`:
