@@ -1070,35 +1070,37 @@ static PyObject *c_pending_deletes(ClientObject *self, PyObject *unused)
     return PyLong_FromSize_t(cos_engine_pending_deletes(self->eng));
 }
 
+/* d[name] = value; -1 with an exception set */
+static int set_count(PyObject *d, const char *name, unsigned long long value)
+{
+    PyObject *n = PyLong_FromUnsignedLongLong(value);
+    int rc = n == NULL ? -1 : PyDict_SetItemString(d, name, n);
+    Py_XDECREF(n);
+    return rc;
+}
+
 static PyObject *c_stats(ClientObject *self, PyObject *unused)
 {
     uint64_t v[COS_STAT_COUNT] = {0};
+    size_t pending = 0;
     PyObject *d = PyDict_New();
     int i;
     (void)unused;
     if (d == NULL)
-        return NULL;
-    if (self->eng != NULL) /* a forked child's engine counts zero */
+        goto fail;
+    if (self->eng != NULL) { /* a forked child's engine counts zero */
         cos_engine_stats(self->eng, v);
-    for (i = 0; i < COS_STAT_COUNT; i++) {
-        PyObject *n = PyLong_FromUnsignedLongLong(v[i]);
-        if (n == NULL || PyDict_SetItemString(d, cos_stat_names[i], n) < 0) {
-            Py_XDECREF(n);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(n);
+        pending = cos_engine_pending_deletes(self->eng);
     }
-    if (self->eng != NULL) {
-        PyObject *n = PyLong_FromSize_t(cos_engine_pending_deletes(self->eng));
-        if (n == NULL || PyDict_SetItemString(d, "pending_deletes", n) < 0) {
-            Py_XDECREF(n);
-            Py_DECREF(d);
-            return NULL;
-        }
-        Py_DECREF(n);
-    }
+    for (i = 0; i < COS_STAT_COUNT; i++)
+        if (set_count(d, cos_stat_names[i], v[i]) < 0)
+            goto fail;
+    if (self->eng != NULL && set_count(d, "pending_deletes", pending) < 0)
+        goto fail;
     return d;
+fail:
+    Py_XDECREF(d);
+    return NULL;
 }
 
 static PyObject *c_close(ClientObject *self, PyObject *unused)
