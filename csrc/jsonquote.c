@@ -3,40 +3,6 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Bytes of a valid UTF-8 sequence that starts at s[0] (at most n long), or 0. The
- * checks of RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char c = s[0];
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xBF; /* the allowed range of the second byte */
-
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else
-        return 0;
-    if (n < len || s[1] < lo || s[1] > hi)
-        return 0;
-    for (size_t i = 2; i < len; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    return len;
-}
-
 /* The second character of the two-character escapes (jansson's spelling); the
  * other bytes that need an escape take \u00XX. */
 static const char named[0x60] = {['"'] = '"',  ['\\'] = '\\', ['\b'] = 'b', ['\f'] = 'f',
@@ -75,7 +41,7 @@ int cos_json_quote(cos_buf *out, const char *s, size_t n)
 
     while (i < n) {
         if (u[i] >= 0x80) {
-            if ((len = utf8_seq(u + i, n - i)) == 0)
+            if ((len = cos_utf8_seq(u + i, n - i)) == 0)
                 goto done;
             i += len;
             continue;

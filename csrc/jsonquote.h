@@ -1,7 +1,7 @@
 /* Request bodies carry a caller's text (an exec's stdin: the executor's runner and
  * its flow, tens of kilobytes) as a JSON string. jansson checks and escapes such a
  * string one code point at a time (about 1 ms for the executor's 86 KB); this does
- * the same in one pass that copies runs of plain bytes whole. */
+ * the same in two passes, the second copying runs of plain bytes whole. */
 #ifndef COS_JSONQUOTE_H
 #define COS_JSONQUOTE_H
 

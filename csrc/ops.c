@@ -859,7 +859,7 @@ static int exec_request(cos_ctx *c, const char *id, const cos_exec_args *a, int 
     json_t *b = json_object();
     char *small = NULL;
     cos_buf body = {0};
-    int rc = -1;
+    int quoted = 0, rc = -1;
 
     memset(spec, 0, sizeof *spec);
     if (b != NULL && json_object_set_new(b, "cmd", json_string(a->cmd)) == 0 &&
@@ -867,28 +867,15 @@ static int exec_request(cos_ctx *c, const char *id, const cos_exec_args *a, int 
         (!a->env || json_object_set_new(b, "env", json_incref(a->env)) == 0) &&
         (!stream || json_object_set_new(b, "stream", json_true()) == 0))
         small = json_dumps(b, JSON_COMPACT); /* {"cmd":...}: never empty */
-    if (small == NULL || cos_buf_append(&body, small, strlen(small) - 1) < 0) {
-        nomem(c, "exec");
+    if (small == NULL || cos_buf_append(&body, small, strlen(small) - 1) < 0)
         goto done;
-    }
-    if (a->stdin_data != NULL) {
-        if (cos_buf_append(&body, ",\"stdin\":", 9) < 0) {
-            nomem(c, "exec");
-            goto done;
-        }
-        int quoted = cos_json_quote(&body, a->stdin_data, a->stdin_len);
-        if (quoted == COS_QUOTE_NOT_UTF8)
-            cos_err_set(c->err, COS_E_VALUE, "exec failed: stdin is not valid UTF-8");
-        else if (quoted < 0)
-            nomem(c, "exec");
-        if (quoted < 0)
-            goto done;
-    }
+    if (a->stdin_data != NULL &&
+        (cos_buf_append(&body, ",\"stdin\":", 9) < 0 ||
+         (quoted = cos_json_quote(&body, a->stdin_data, a->stdin_len)) < 0))
+        goto done;
     if (cos_buf_append(&body, "}", 2) < 0 || /* with its NUL */
-        (spec->url = sandbox_url(c, id, stream ? "/exec?stream=true" : "/exec")) == NULL) {
-        nomem(c, "exec");
+        (spec->url = sandbox_url(c, id, stream ? "/exec?stream=true" : "/exec")) == NULL)
         goto done;
-    }
     spec->method = "POST";
     spec->body = body.data;
     spec->body_len = body.len - 1;
@@ -897,6 +884,10 @@ static int exec_request(cos_ctx *c, const char *id, const cos_exec_args *a, int 
     body.data = NULL;
     rc = 0;
 done:
+    if (rc < 0 && quoted == COS_QUOTE_NOT_UTF8)
+        cos_err_set(c->err, COS_E_VALUE, "exec failed: stdin is not valid UTF-8");
+    else if (rc < 0)
+        nomem(c, "exec");
     free(small);
     json_decref(b);
     cos_buf_free(&body);
