@@ -237,19 +237,54 @@ def test_ten_thousand_tiny_files_are_capped(env: Any) -> None:
     assert out.elapsed < 90
 
 
+# The program leaves a child that swaps the wrapper's archive for ARCHIVE()'s bytes at the one
+# moment that counts: it stops the wrapper shell (same uid, same guest) once the archive file
+# exists, waits for the archiving subshell to end, replaces the file, and lets the wrapper go on
+# to move it out for the host. No timing race: the host always fetches the hostile bytes.
 SWAP_ARCHIVE = (
-    "import io, os, sys, tarfile, time\n"
+    "import io, os, signal, sys, tarfile, time\n"
     "run = os.path.dirname(os.path.abspath(__file__))\n"
     "target = os.path.join(run, 'files.tar.gz')\n"
     "blob = ARCHIVE()\n"
+    "def parent(pid):\n"
+    "    with open(f'/proc/{pid}/stat') as fh:\n"
+    "        return int(fh.read().rsplit(')', 1)[1].split()[1])\n"
+    "def wrapper():\n"  # the outermost ancestor running the wrapper (its subshells share its argv)
+    "    pid, found = os.getppid(), None\n"
+    "    while pid > 1:\n"
+    "        with open(f'/proc/{pid}/cmdline', 'rb') as fh:\n"
+    "            if b'outdir=/tmp/.createos-out' in fh.read():\n"
+    "                found = pid\n"
+    "        pid = parent(pid)\n"
+    "    if found is None:\n"
+    "        raise SystemExit('the wrapper shell is not among this program\\'s ancestors')\n"
+    "    return found\n"
+    "def busy_children(pid):\n"
+    "    out = []\n"
+    "    for name in os.listdir('/proc'):\n"
+    "        try:\n"
+    "            with open(f'/proc/{name}/stat') as fh:\n"
+    "                rest = fh.read().rsplit(')', 1)[1].split()\n"
+    "        except (OSError, ValueError):\n"
+    "            continue\n"
+    "        if int(rest[1]) == pid and rest[0] != 'Z':\n"
+    "            out.append(name)\n"
+    "    return out\n"
+    "shell = wrapper()\n"
     "if os.fork() == 0:\n"
     "    os.setsid()\n"
-    "    tmp = target + '.swap'\n"
-    "    while True:\n"  # keep swapping until the exec's PID namespace is torn down
-    "        with open(tmp, 'wb') as fh:\n"
+    "    while not os.path.exists(target):\n"  # the archiving pipeline has opened it
+    "        time.sleep(0.001)\n"
+    "    os.kill(shell, signal.SIGSTOP)\n"
+    "    try:\n"
+    "        while busy_children(shell):\n"  # the archive is written once its subshell is gone
+    "            time.sleep(0.001)\n"
+    "        with open(target + '.swap', 'wb') as fh:\n"
     "            fh.write(blob)\n"
-    "        os.replace(tmp, target)\n"
-    "        time.sleep(0.002)\n"
+    "        os.replace(target + '.swap', target)\n"
+    "    finally:\n"
+    "        os.kill(shell, signal.SIGCONT)\n"
+    "    os._exit(0)\n"
     "print('armed')\n"
 )
 
