@@ -84,7 +84,11 @@ art=/workspace/artifacts outdir=/tmp/.createos-out
 # Builtins where a process is not needed (each one started costs the run about a millisecond):
 # whole seconds from /proc/uptime (monotonic), or from date(1) where it cannot be read
 if read now _ 2>/dev/null </proc/uptime; then clock=uptime; else clock=date; fi
-secs() { if [ "$clock" = uptime ] && read now _ </proc/uptime; then now=${now%.*}; else now=$(date +%s); fi; }
+secs() {
+  now=
+  if [ "$clock" = uptime ] && read now _ 2>/dev/null </proc/uptime; then now=${now%.*}; fi
+  case $now in ''|*[!0-9]*) now=$(date +%s) ;; esac
+}
 # whether $1 exists, a dangling link included
 there() { [ -e "$1" ] || [ -L "$1" ]; }
 # whether the directory $outdir holds anything
