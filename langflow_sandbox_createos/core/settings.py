@@ -51,6 +51,12 @@ def _holds_the_key(value: str | None, environ: Mapping[str, str]) -> bool:
     return any(key and len(key) >= 8 and key in value for key in keys)
 
 
+def holds_the_key(value: str | None, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether `value` is (or contains) the CreateOS API key this process uses: such a value
+    never enters a guest."""
+    return _holds_the_key(value, _env(environ))
+
+
 class SettingsError(ValueError):
     """A setting has a value the plugin cannot use. The message names the fix."""
 

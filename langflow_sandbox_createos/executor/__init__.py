@@ -26,9 +26,10 @@ to the waiting runner and reads the stream that guest has held open since warm-u
 
 The modules: ``spec`` (what the guest is sent), ``run`` (one guest and its exec), ``pool``
 (warm guests), ``framing`` (the frame format, shared with the guest), ``reader`` (frames out
-of the exec's output), ``results`` (frames as lfx results), ``replay`` and ``bridge`` (what the
-host does for the guest: messages and events, sandboxed nodes), ``flows`` (the flows a run may
-load), ``timeline`` (where a run's time goes, at DEBUG), ``guest/`` (the runner). This module
+of the exec's output), ``results`` (frames as lfx results), ``replay``, ``bridge`` and
+``tracing`` (what the host does for the guest: messages, events and history reads, sandboxed
+nodes, the run's trace), ``flows`` (the flows a run may load), ``variables`` (the run user's
+global variables, resolved on the host), ``timeline`` (where a run's time goes, at DEBUG), ``guest/`` (the runner). This module
 drives one run from the spec to ``RunComplete``.
 
 Importing this module is cheap and reads no settings.
@@ -63,6 +64,7 @@ from langflow_sandbox_createos.executor.run import (
 )
 from langflow_sandbox_createos.executor.spec import guest_knowledge, run_spec
 from langflow_sandbox_createos.executor.timeline import Timeline
+from langflow_sandbox_createos.executor.tracing import HostTrace
 
 if TYPE_CHECKING:
     from lfx.execution.types import Unit
@@ -84,11 +86,13 @@ class CreateOSExecutor(Executor):
         spec, cfg, endpoint = await run_spec(unit.graph, list(unit.inputs or []), options)
         timeline.mark("spec")
         replay = HostReplay(options.get("event_manager"), unit.graph, spec)
+        trace = HostTrace(unit.graph, spec)
 
         run: _Run | None = None
         bridge: executor_sandbox.SandboxBridge | None = None
         started = time.monotonic()
         status = "failed"  # until RunComplete is out
+        failure: BaseException | None = None
         try:
             await admission.executor_line.enter(
                 cfg.max_guests,
@@ -118,7 +122,7 @@ class CreateOSExecutor(Executor):
             run.timeline = timeline
             replay.reply = run.reply
             bridge = executor_sandbox.SandboxBridge(unit.graph, spec, run.reply)
-            frames = _GuestFrames(run, cfg, endpoint, replay, bridge)
+            frames = _GuestFrames(run, cfg, endpoint, replay, bridge, trace)
             async for kind, item in _reports(run, early):
                 if kind == "error":
                     raise item
@@ -140,6 +144,9 @@ class CreateOSExecutor(Executor):
             yield StepResult(payload=Finish())
             timeline.mark("complete")
             yield RunComplete(outputs=outputs)
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             try:
                 if bridge is not None:
@@ -147,6 +154,7 @@ class CreateOSExecutor(Executor):
                     timeline.mark("bridge")
             finally:
                 _close(run, timeline)
+            await _end_trace(trace, failure if status != "ok" else None)
             _log_run(spec, run, bridge, started, status)
             timeline.log(status, run.sandbox_id if run is not None else None)
 
@@ -168,12 +176,14 @@ class _GuestFrames:
         endpoint: connection.Endpoint,
         replay: HostReplay,
         bridge: executor_sandbox.SandboxBridge,
+        trace: HostTrace,
     ) -> None:
         self.run = run
         self.cfg = cfg
         self.endpoint = endpoint
         self.replay = replay
         self.bridge = bridge
+        self.trace = trace
         self.kept: dict[str, Mapping[str, Any]] = {}  # the first frame of each other type
 
     async def handle(self, frame: Mapping[str, Any]) -> StepResult | None:
@@ -183,6 +193,9 @@ class _GuestFrames:
             return None
         if frame_type == "sandbox":
             self.bridge.handle(frame)
+            return None
+        if frame_type == "trace":
+            self.trace.handle(frame)
             return None
         if frame_type == "vertex":
             try:
@@ -231,6 +244,15 @@ class _GuestFrames:
         if self.run.plain_lines:
             logger.debug("CreateOS executor: %d unframed stdout line(s) ignored", self.run.plain_lines)
         return outputs
+
+
+async def _end_trace(trace: HostTrace, failure: BaseException | None) -> None:
+    """The run's trace ends here if the guest did not end it (a failed run: with its error);
+    a cancelled run does not wait for the tracers."""
+    try:
+        await trace.close(failure)
+    except BaseException:  # cancelled, or a tracer's failure: tracing never fails a run
+        logger.debug("CreateOS executor: the run's trace was not closed", exc_info=True)
 
 
 def _close(run: _Run | None, timeline: Timeline) -> None:

@@ -59,6 +59,11 @@ COMPONENT_FIELDS = (
     "shape",
 )
 _CUSTOM_TYPES = frozenset({"CustomComponent"})
+# A code-execution node's field that holds the code it hands the dispatcher, when nothing
+# feeds it (the Python Interpreter; the Python REPL tool's own run): the host runs that value.
+CODE_FIELD = "python_code"
+# Stands in the set of a node's fed fields for "an agent's tool call chooses its arguments".
+TOOL_FED = "<tool call>"
 
 
 class BridgeRefusal(Exception):
@@ -99,7 +104,9 @@ def _node_type(node: Mapping[str, Any]) -> str:
 
 
 def _nodes(payload: Mapping[str, Any], flows: Mapping[str, Any] | None) -> list[tuple[str, Any, set[str]]]:
-    """(flow id, node, its edge-fed fields) for the run's flow and every shipped flow."""
+    """(flow id, node, its edge-fed fields) for the run's flow and every shipped flow. A node
+    used as a tool (tool mode, or an output of type Tool feeding another node) counts its
+    code as fed (TOOL_FED): an agent's tool call chooses it."""
     from langflow_sandbox_createos.executor.flows import connected_fields
 
     found = []
@@ -109,11 +116,34 @@ def _nodes(payload: Mapping[str, Any], flows: Mapping[str, Any] | None) -> list[
             payloads.append((str(entry.get("id") or ""), entry["payload"]))
     for flow_id, flow in payloads:
         fed = connected_fields(flow)
+        tools = _tool_nodes(flow)
         for node in flow.get("nodes") or []:
             if isinstance(node, Mapping):
                 node_id = str(node.get("id"))
-                found.append((flow_id, node, {name for target, name in fed if target == node_id}))
+                fields = {name for target, name in fed if target == node_id}
+                if node_id in tools:
+                    fields.add(TOOL_FED)
+                found.append((flow_id, node, fields))
     return found
+
+
+def _tool_nodes(flow: Mapping[str, Any]) -> set[str]:
+    """Ids of the nodes a flow uses as tools: in tool mode, or with an output of type Tool that
+    an edge takes to another node (a tool component's tool, a component as tool)."""
+    tools = set()
+    for node in flow.get("nodes") or []:
+        inner = node.get("data", {}).get("node") if isinstance(node, Mapping) else None
+        if isinstance(inner, Mapping) and inner.get("tool_mode"):
+            tools.add(str(node.get("id")))
+    for edge in flow.get("edges") or []:
+        try:
+            handle = edge["data"]["sourceHandle"]
+            types = handle.get("output_types") or []
+        except (KeyError, TypeError, AttributeError):
+            continue
+        if "Tool" in types or handle.get("name") == "component_as_tool":
+            tools.add(str(edge.get("source")))
+    return tools
 
 
 def _template(node: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -235,6 +265,7 @@ class SandboxBridge:
         if not isinstance(code, str):
             raise BridgeRefusal("a sandbox request without code")
         template = _template(node)
+        fixed = None if custom else self._own_code(frame, node, fed, template)
         imports: Any = frame.get("global_imports", "")
         if "global_imports" in template and "global_imports" not in fed and not custom:
             imports = _field(template, "global_imports") or ""  # the node's own, as in-process
@@ -247,6 +278,14 @@ class SandboxBridge:
             and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
         ):
             raise BridgeRefusal(f"env must map at most {MAX_ENV_ENTRIES} names to strings")
+        if fixed is not None:  # in-process the node runs its own code, with no environment of its own
+            if code != fixed:
+                logger.warning(
+                    "CreateOS executor: the guest asked to run other code than node %r holds; the "
+                    "node's own code ran (its code is a field of the flow, not an input)",
+                    frame.get("vertex"),
+                )
+            code, env = fixed, None
 
         def work() -> dict[str, Any]:
             from lfx.utils.python_repl_security import ensure_code_execution_enabled
@@ -265,6 +304,37 @@ class SandboxBridge:
 
         return work  # asyncio.to_thread runs it in a copy of this context (the caller's principal)
 
+    def _own_code(
+        self, frame: Mapping[str, Any], node: Mapping[str, Any], fed: set[str], template: Mapping[str, Any]
+    ) -> str | None:
+        """The code a node with a fixed code field hands the dispatcher in-process (lfx's
+        `sanitize_code` of the field, as the Python Interpreter calls it); None when the code is
+        dynamic there too: fed by an edge, chosen by an agent's tool call, or no such field."""
+        from lfx.utils.sandbox import sanitize_code
+
+        if CODE_FIELD not in template or CODE_FIELD in fed or TOOL_FED in fed:
+            return None
+        value = _field(template, CODE_FIELD)
+        vertex = self._live_vertex(frame)
+        params = getattr(vertex, "raw_params", None)
+        if isinstance(params, Mapping) and CODE_FIELD in params:
+            value = params[CODE_FIELD]  # the host graph's own (a value set on the live component)
+        if not isinstance(value, str):
+            raise BridgeRefusal(f"node {frame.get('vertex')!r} holds no code as text")
+        return sanitize_code(value)
+
+    def _live_vertex(self, frame: Mapping[str, Any]) -> Any:
+        """The host graph's vertex a request names, when it is of the run's own flow."""
+        flow_id = str(frame.get("flow_id") or self.run_flow_id)
+        live = self.graph is not None and not isinstance(self.graph, (str, bytes, Mapping))
+        if not live or flow_id != self.run_flow_id:
+            return None
+        get_vertex = getattr(self.graph, "get_vertex", None)
+        try:
+            return get_vertex(str(frame.get("vertex"))) if callable(get_vertex) else None
+        except Exception:  # lfx raises for an unknown id
+            return None
+
     # -- the CreateOS Sandbox component ----------------------------------------------------
     def _component_work(self, frame: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
         from langflow_sandbox_createos.component import engine as sandbox_run
@@ -275,6 +345,11 @@ class SandboxBridge:
             raise BridgeRefusal(f"node {frame.get('vertex')!r} is not a CreateOS Sandbox node")
         template = _template(node)
         fields = {name: _field(template, name) for name in COMPONENT_FIELDS}
+        params = getattr(self._live_vertex(frame), "raw_params", None)
+        if isinstance(params, Mapping):  # the host graph's own values win, as they would build
+            fields.update(
+                {name: params[name] for name in COMPONENT_FIELDS if name in params and name not in fed}
+            )
         if fed & set(COMPONENT_FIELDS) - {"python_code"}:  # no such input takes an edge on the canvas
             raise BridgeRefusal(f"node {frame.get('vertex')!r} has settings fed by edges")
         if "python_code" in fed:  # the program came through an edge: the guest's copy is it

@@ -21,7 +21,7 @@ so such a flow is refused before any guest is made, naming the node.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +69,17 @@ def _field_value(template: Mapping[str, Any], name: str | None) -> str | None:
     fld = template.get(name)
     value = fld.get("value") if isinstance(fld, Mapping) else None
     return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def node_templates(payload: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """(node, its template) for every node of a flow's JSON that has a template."""
+    for node in payload.get("nodes") or []:
+        try:
+            template = node["data"]["node"]["template"]
+        except (KeyError, TypeError):
+            continue
+        if isinstance(template, Mapping):
+            yield node, template
 
 
 def connected_fields(payload: Mapping[str, Any]) -> set[tuple[str, str]]:

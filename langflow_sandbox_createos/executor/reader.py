@@ -45,6 +45,7 @@ FRAME_LIMITS: dict[str, int] = {
     "store": 4 * MIB,
     "update": 4 * MIB,
     "sandbox": 4 * MIB,
+    "trace": 4 * MIB,
     "history": 64 * KIB,
     "outputs": 8 * MIB,
 }

@@ -6,13 +6,18 @@ none).
 
 Everything here reads authenticated JSON frames only. Messages are rebuilt with pydantic
 validation, never unpickled; the owner and flow of a stored message are the host graph's,
-whatever the guest says, so a guest cannot write into another user's or flow's history.
+whatever the guest says, so a guest cannot write into another user's or flow's history. Each
+memory operation runs with lfx's flow and owner scope bound, as lfx binds it around each
+component in-process, so Langflow's own guard holds it to the run's flow and owner; a history
+read is held to them here too, whatever filters the guest passes (see `_history`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+import uuid
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError
@@ -23,8 +28,38 @@ logger = logging.getLogger("langflow_sandbox_createos.executor")
 
 # The most messages one history read returns to the guest (Message History asks for 100).
 HISTORY_MAX = 1000
-# The filters a history read may pass; the owner is always the run's (see _history).
-_HISTORY_FILTERS = ("sender", "sender_name", "session_id", "context_id", "order_by", "order", "flow_id")
+# The filters a history read may pass; its flow and owner are the host's (see _history).
+_HISTORY_FILTERS = ("sender", "sender_name", "session_id", "context_id", "order_by", "order")
+
+
+def _same_id(a: Any, b: Any) -> bool:
+    """Two flow or user ids name the same thing (UUIDs compare in any spelling)."""
+    if a is None or b is None:
+        return False
+    try:
+        return uuid.UUID(str(a)) == uuid.UUID(str(b))
+    except ValueError:
+        return str(a) == str(b)
+
+
+@contextlib.contextmanager
+def _message_scope(flow_id: Any, owner: Any, executor: Any) -> Iterator[None]:
+    """lfx's flow and owner scope, bound as lfx binds it around each component in-process
+    (`get_instance_results`), so the host's memory (Langflow's guard, `_message_scope`) sees the
+    read as the component's own."""
+    from lfx.memory import flow_context as fc
+
+    tokens = (
+        fc.set_current_flow_id(flow_id),
+        fc.set_current_message_owner_id(fc.coerce_flow_id(owner)),
+        fc.set_current_message_executor_id(fc.coerce_flow_id(executor)),
+    )
+    try:
+        yield
+    finally:
+        fc.reset_current_message_executor_id(tokens[2])
+        fc.reset_current_message_owner_id(tokens[1])
+        fc.reset_current_flow_id(tokens[0])
 
 
 def _owner(graph: Any) -> str | None:
@@ -51,7 +86,16 @@ class HostReplay:
             runtime.get("flows") if isinstance(runtime, Mapping) else None
         )
         self.owner = _owner(graph) if live else None
+        # the executing user (a served flow's owner is its end user): Langflow accepts it as a
+        # legacy owner hint in a history read, as in-process
+        executor = getattr(graph, "user_id", None) if live else None
+        self.executor = str(executor) if executor else None
         self.run_id = spec.get("run_id")  # the host graph's (spec._identity)
+        # in-process, lfx persists a component's messages only for a graph that keeps them
+        # (Langflow's serving plane: not an anonymous run's), with a flow and an owner
+        self.persist = (
+            spec.get("persist_messages", True) is not False and bool(self.flow_id) and bool(self.owner)
+        )
         self.ids: dict[str, str] = {}  # guest message id -> host message id
         self.flows: dict[str, Any] = {}  # host message id -> the flow it was stored under
         # answers a stored message with its host id: (the guest's number for it, the answer)
@@ -116,14 +160,22 @@ class HostReplay:
         from lfx.memory import astore_message
 
         message = self._message(frame)
+        if not self.persist:  # a guest whose run keeps no messages stores none here either
+            logger.warning("CreateOS executor: the guest stored a message of a run that keeps none; ignored")
+            await self._answer_store(frame, None)
+            return
         guest_id = str(message.id) if message.id else None
-        message.id = None  # the host's memory gives it its own id
+        # A message this run stored already (a streamed answer that Chat Output stores again)
+        # keeps its row, as in-process; any other id is the guest's own: the host's memory
+        # gives the message an id of its own.
+        message.id = self.ids.get(guest_id) if guest_id else None
         message.flow_id = self._flow_of(message)
         if self.run_id:
             message.run_id = self.run_id
-        stored = await astore_message(
-            message, flow_id=message.flow_id, run_id=self.run_id, user_id=self.owner
-        )
+        with _message_scope(message.flow_id, self.owner, self.executor):  # as lfx binds it per component
+            stored = await astore_message(
+                message, flow_id=message.flow_id, run_id=self.run_id, user_id=self.owner
+            )
         host_id = str(stored[0].id) if stored and getattr(stored[0], "id", None) else None
         if host_id:
             self.ids[host_id] = host_id  # the guest goes on with the host's id (see below)
@@ -131,6 +183,9 @@ class HostReplay:
                 self.ids[guest_id] = host_id
             self.flows[host_id] = message.flow_id
         self.stored += 1
+        await self._answer_store(frame, host_id)
+
+    async def _answer_store(self, frame: Mapping[str, Any], host_id: str | None) -> None:
         number = frame.get("reply")
         if self.reply is not None and isinstance(number, int) and 0 < number < 1 << 31:
             # In-process, the next vertex sees the stored message with its database id: the
@@ -145,12 +200,34 @@ class HostReplay:
         number = frame.get("reply")
         if self.reply is None or not isinstance(number, int) or not 0 < number < 1 << 31:
             raise SandboxExecutionError("CreateOS executor: a history read without a reply number")
-        filters = {k: frame[k] for k in _HISTORY_FILTERS if isinstance(frame.get(k), str)}
-        limit = frame.get("limit")
-        limit = min(limit, HISTORY_MAX) if isinstance(limit, int) and limit > 0 else HISTORY_MAX
-        found = await aget_messages(**filters, limit=limit, user_id=self.owner)
+        flow_id = self._scope_of(frame.get("scope"))
+        found: Any = []
+        if self._within_scope(flow_id, frame.get("flow_id"), frame.get("user_id")):
+            filters = {k: frame[k] for k in _HISTORY_FILTERS if isinstance(frame.get(k), str)}
+            limit = frame.get("limit")
+            limit = min(limit, HISTORY_MAX) if isinstance(limit, int) and limit > 0 else HISTORY_MAX
+            with _message_scope(flow_id, self.owner, self.executor):
+                found = await aget_messages(**filters, flow_id=flow_id, limit=limit, user_id=self.owner)
         messages = [m.model_dump(mode="json") for m in (found or [])]
         await self.reply(f"history-{number}", {"messages": messages})
+
+    def _scope_of(self, claimed: Any) -> Any:
+        """The flow a history read covers: the one whose component reads, as the guest names it,
+        if that is this run's flow or a flow the host shipped for it; else this run's flow."""
+        if isinstance(claimed, str) and claimed in self.subflows:
+            return claimed
+        return self.flow_id
+
+    def _within_scope(self, flow_id: Any, asked_flow: Any, asked_user: Any) -> bool:
+        """What Langflow's guard lets a component read with its flow scope bound: nothing without
+        a flow and an owner, nothing for another flow or another owner (the executing user
+        counts as the owner, a legacy hint). Applied here too, so a host memory without the
+        guard (lfx's own) answers the same."""
+        if flow_id is None or self.owner is None:
+            return False
+        if asked_flow is not None and not _same_id(asked_flow, flow_id):
+            return False
+        return asked_user is None or _same_id(asked_user, self.owner) or _same_id(asked_user, self.executor)
 
     def _flow_of(self, message: Any) -> Any:
         """The run's flow, or a subflow the host resolved for this run (in-process, a Run Flow
@@ -168,11 +245,13 @@ class HostReplay:
             return
         message.id = host_id
         message.flow_id = self.flows.get(host_id, self.flow_id)
-        await aupdate_messages([message])
+        with _message_scope(message.flow_id, self.owner, self.executor):
+            await aupdate_messages([message])
 
     async def _delete(self, frame: Mapping[str, Any]) -> None:
         from lfx.memory import delete_message
 
         host_id = self.ids.pop(str(frame.get("id")), None)
         if host_id is not None:
-            await delete_message(id_=host_id)
+            with _message_scope(self.flows.get(host_id, self.flow_id), self.owner, self.executor):
+                await delete_message(id_=host_id)

@@ -35,6 +35,9 @@ PYTHON = "python3"
 # A run spec bigger than this is uploaded as a file (read and removed by the runner)
 # instead of travelling on stdin, whose size limit the API leaves undocumented.
 STDIN_SPEC_MAX_BYTES = 4 * 1024 * 1024
+# Spec fields that stay on stdin when the rest of a large spec is uploaded: the run user's
+# variables and the environment values that travel with them (executor/variables.py).
+STDIN_ONLY_FIELDS = ("variables", "environ")
 SPEC_DIR = "/workspace/.createos-run"
 # Where a pooled runner waits for its spec (the guest's private /tmp).
 SPEC_PATH = "/tmp/.createos-run/spec"
@@ -403,13 +406,16 @@ class _Run:
         if len(stdin) <= STDIN_SPEC_MAX_BYTES:
             return stdin
         path = f"{SPEC_DIR}/{guest_spec.random_name('s')}.json"
-        data = spec_json.encode()
+        # the run user's variables stay on stdin: never in a file of the guest's /workspace
+        wire = self._wire_spec()
+        secret = {name: wire.pop(name, None) for name in STDIN_ONLY_FIELDS}
+        data = compact_json(wire).encode()
         native = load_native()
         try:
             await asyncio.to_thread(self.client.upload, self.sandbox_id, path, data)
         except native.CreateOSError as exc:
             raise failures.to_lfx_error(exc, "upload the run spec to the executor guest") from None
-        return runner_stdin(self.token, spec_path=json.dumps(path))
+        return runner_stdin(self.token, spec_path=json.dumps(path), secret=compact_json(secret))
 
     async def reply(self, name: str, answer: Mapping[str, Any]) -> None:
         """Answer a request the guest waits on (`reply-<n>`: a stored message's id; `sandbox-<n>`:

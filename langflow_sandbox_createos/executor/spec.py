@@ -1,7 +1,8 @@
 """The run spec: everything one executor run sends its guest, assembled in one place.
 
 `run_spec` assembles it whole for `CreateOSExecutor.execute`: the flow and the graph's runtime
-state (`build_spec`), the flows its Run Flow / Sub Flow nodes load (`flows.resolve`), and
+state (`build_spec`), the flows its Run Flow / Sub Flow nodes load (`flows.resolve`), the run
+user's global variables its fields load (`variables.resolve`; never logged), and
 what this process's settings add (the run's timeout, the reply directory, the host's sandbox
 seams, a per-run install request). Rich values (`runtime`) travel pickled, host to guest only
 (`encode_runtime`, when the spec is staged); nothing the guest sends is ever unpickled.
@@ -24,6 +25,8 @@ from langflow_sandbox_createos.core import connection, failures, settings
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor import bridge as executor_sandbox
 from langflow_sandbox_createos.executor import flows as executor_flows
+from langflow_sandbox_createos.executor import tracing as executor_tracing
+from langflow_sandbox_createos.executor import variables as executor_variables
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -105,13 +108,7 @@ def serialize_graph(graph: Any) -> tuple[dict[str, Any], str | None, str | None]
 def inline_secrets(payload: Mapping[str, Any]) -> list[str]:
     """`vertex.field` names of password fields holding an inline value (never the values)."""
     found = []
-    for node in payload.get("nodes", []):
-        try:
-            template = node["data"]["node"]["template"]
-        except (KeyError, TypeError):
-            continue
-        if not isinstance(template, Mapping):
-            continue
+    for node, template in executor_flows.node_templates(payload):
         for name, fld in template.items():
             if (
                 isinstance(fld, Mapping)
@@ -211,6 +208,8 @@ def _identity(graph: Any, runtime_options: Mapping[str, Any], flow_id: Any, flow
         "flow_id": flow_id,
         "flow_name": flow_name,
         "run_id": str(run_id) if run_id else None,
+        # Langflow's serving plane marks an anonymous run's messages as not to be kept
+        "persist_messages": bool(getattr(graph, "persist_messages", True)),
         # in-process, a component stamps `session_metadata.graph_run_id` on the messages it
         # stores when the process has a tracing service (Langflow's server has one)
         "stamp_graph_run_id": _has_tracing(),
@@ -324,12 +323,21 @@ async def run_spec(
         spec["runtime"]["flows"] = await executor_flows.resolve(spec["graph"], spec.get("user_id"))
     except executor_flows.FlowReferenceError as exc:
         raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
+    try:  # the run user's own global variables, as the host's variable service has them
+        spec["variables"] = await executor_variables.resolve(
+            graph, spec["graph"], spec["runtime"].get("flows"), spec["options"], spec["runtime"]["context"]
+        )
+    except executor_variables.VariableLimitError as exc:
+        raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
+    # what the guest's environment must hold for its components to judge endpoints as here
+    spec["environ"] = executor_variables.guest_environ(spec["variables"])
     _note_inline_secrets(spec["graph"])
     with failures.refusing_bad_settings():
         cfg = settings.executor_settings()
     endpoint = connection.endpoints.get()
     spec["timeout"] = cfg.timeout_seconds
     spec["reply_dir"] = REPLY_DIR
+    spec["tracing"] = executor_tracing.active_view()  # the guest relays its trace where the host traces
     spec["sandbox"] = {
         **executor_sandbox.guest_view(),
         "component": executor_sandbox.holds_component(spec["graph"], spec["runtime"].get("flows")),
@@ -345,7 +353,7 @@ def _note_inline_secrets(payload: Mapping[str, Any]) -> None:
         logger.info(
             "CreateOS executor: %d secret field(s) hold inline values (%s); they reach the guest "
             "inside the run spec (on stdin, or for a pooled guest in a file the runner removes "
-            "on reading). Prefer global variables forwarded with CREATEOS_EXECUTOR_ENV.",
+            "on reading). Prefer global variables: the host resolves them for the run's user.",
             len(secrets_inline),
             ", ".join(secrets_inline),
         )

@@ -10,6 +10,8 @@ the host (`executor/framing.py`), then this folder's modules, one job each:
 - `install.py`: lfx in the guest (found, its version, the per-run install fallback);
 - `memory.py`: chat memory bridged to the host's;
 - `sandbox_bridge.py`: sandboxed nodes, run by the host;
+- `variables.py`: global variables, as the host's variable service resolved them;
+- `tracing.py`: lfx's tracing calls, relayed to the host's tracing service;
 - `flow_api.py`: Langflow's flow lookups, answered from the flows the host shipped;
 - `graph_run.py`: the flow rebuilt, run and harvested;
 - `main.py`: the entry point (a cold run, or a pooled runner waiting for its spec).
@@ -42,6 +44,8 @@ RUNNER_MODULES = (
     "langflow_sandbox_createos.executor.guest.install",
     "langflow_sandbox_createos.executor.guest.memory",
     "langflow_sandbox_createos.executor.guest.sandbox_bridge",
+    "langflow_sandbox_createos.executor.guest.variables",
+    "langflow_sandbox_createos.executor.guest.tracing",
     "langflow_sandbox_createos.executor.guest.flow_api",
     "langflow_sandbox_createos.executor.guest.graph_run",
     "langflow_sandbox_createos.executor.guest.main",

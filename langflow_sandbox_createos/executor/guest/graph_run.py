@@ -5,6 +5,7 @@ step), each vertex's event and the run's outputs sent as frames.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import pickle
@@ -15,6 +16,8 @@ from langflow_sandbox_createos.executor.guest.flow_api import _install_flows
 from langflow_sandbox_createos.executor.guest.frames import Frames, _json_default, _jsonable, _phase
 from langflow_sandbox_createos.executor.guest.memory import _install_memory
 from langflow_sandbox_createos.executor.guest.sandbox_bridge import _SANDBOX_SEAMS
+from langflow_sandbox_createos.executor.guest.tracing import _install_tracing
+from langflow_sandbox_createos.executor.guest.variables import _install_environ, _install_variables
 
 VERTEX_FRAME_MAX = 512 * 1024  # a bigger vertex event is sent without its results
 
@@ -187,6 +190,7 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
     runtime = pickle.loads(base64.b64decode(spec["runtime"])) if spec.get("runtime") else {}
     _phase("runtime")
     _install_seams(frames, spec, runtime)
+    relay = _install_tracing(frames, spec.get("tracing"))
     _phase("seams")
     graph = Graph.from_payload(
         spec["graph"],
@@ -194,11 +198,14 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
         flow_name=spec.get("flow_name"),
         user_id=spec.get("user_id"),
     )
+    if relay is not None:  # the trace and spans of this graph's run go to the host's tracers
+        relay.graph = graph
     if runtime.get("context"):
         graph.context = dict(runtime["context"])
     session_id = spec.get("session_id")
     if session_id:
         graph.session_id = session_id
+    graph.persist_messages = spec.get("persist_messages", True) is not False  # as the host's graph
     if spec.get("run_id"):  # the host's run id: its messages and their graph_run_id carry it
         graph.set_run_id(str(spec["run_id"]))
     _apply_state(graph, runtime.get("vertices") or {})
@@ -207,17 +214,25 @@ async def _run_flow(frames: Frames, spec: dict[str, Any]) -> None:
     frames.emit("graph", vertices=len(graph.vertices))
     _phase("build")
     outputs = [str(o) for o in (opts.get("outputs") or [])]
-    if spec.get("mode") == "runs":  # Graph.arun: exactly what the in-process legacy path calls
-        runs = await _run_legacy(graph, spec, opts, outputs, events)
-    else:  # the streaming path: async_start(initial_inputs)
-        runs = await _run_streaming(graph, frames, spec, opts, outputs, events)
+    try:
+        if spec.get("mode") == "runs":  # Graph.arun: exactly what the in-process legacy path calls
+            runs = await _run_legacy(graph, spec, opts, outputs, events)
+        else:  # the streaming path: async_start(initial_inputs)
+            runs = await _run_streaming(graph, frames, spec, opts, outputs, events)
+    finally:
+        if relay is not None:  # lfx ends its trace in a task of its own: let it run first
+            for _ in range(3):
+                await asyncio.sleep(0)
     _phase("run")
     frames.emit("outputs", runs=runs)
     _phase("outputs")
 
 
 def _install_seams(frames: Frames, spec: dict[str, Any], runtime: dict[str, Any]) -> None:
-    """Point lfx's memory, flow lookups and sandbox dispatch at the host, before the graph is built."""
+    """Point lfx's memory, flow lookups, sandbox dispatch and global variables at the host,
+    before the graph is built."""
+    _install_environ(spec.pop("environ", None))
+    _install_variables(spec.pop("variables", None))  # kept by its seams only, nowhere else
     reply_dir = spec.get("reply_dir") if isinstance(spec.get("reply_dir"), str) else None
     _install_memory(frames, runtime.get("memory") or [], bool(spec.get("stamp_graph_run_id")), reply_dir)
     if runtime.get("flows") is not None:  # the flows its Run Flow / Sub Flow nodes load

@@ -66,6 +66,7 @@ def _cold(boot: dict[str, Any]) -> None:
         with open(path, encoding="utf-8") as handle:
             spec = json.load(handle)
         os.unlink(path)
+        spec.update(boot.pop("secret", None) or {})  # the run user's variables: never in that file
     frames = _start(key)
     del key
     deadline = time.monotonic() + float(spec["timeout"])

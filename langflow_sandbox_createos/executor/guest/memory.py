@@ -97,7 +97,7 @@ class _Memory:
         order: Any = "DESC",
         flow_id: Any = None,
         limit: Any = None,
-        user_id: Any = None,  # the host reads the run's owner's messages, whatever is asked
+        user_id: Any = None,  # the host checks it against the run's owner, as Langflow's guard does
     ) -> list[Any]:
         filters = {
             "sender": sender,
@@ -110,7 +110,7 @@ class _Memory:
             "limit": limit,
         }
         if self.reply_dir:
-            return await self._host_history(**filters)
+            return await self._host_history(**filters, user_id=user_id)
         return self._stored_history(**filters)
 
     def _stored_history(
@@ -142,13 +142,23 @@ class _Memory:
         return found
 
     async def _host_history(self, **filters: Any) -> list[Any]:
+        from lfx.memory.flow_context import get_current_flow_id, has_current_flow_scope
         from lfx.schema.message import Message
 
         self.asked += 1
         number = self.asked
         sent = {k: str(v) for k, v in filters.items() if v is not None and k != "limit"}
         limit = filters.get("limit")
-        self.frames.emit("history", reply=number, limit=int(limit) if limit else None, **sent)
+        # the flow whose component reads (lfx binds it per component): the host reads that
+        # flow's history only, and only if it is this run's flow or one it shipped
+        scope = get_current_flow_id() if has_current_flow_scope() else None
+        self.frames.emit(
+            "history",
+            reply=number,
+            limit=int(limit) if limit else None,
+            scope=str(scope) if scope else None,
+            **sent,
+        )
         answer = await self._answer(f"history-{number}")
         return [Message.model_validate(m) for m in (answer or {}).get("messages") or []]
 

@@ -4,7 +4,8 @@ manager, a session id), and the two runs must agree on outputs, the sequence of 
 and the chat messages stored with their session ids.
 
 Chat memory on the host is a small in-memory store standing in for Langflow's database
-(lfx alone persists nothing); both executors write to and read from the same store."""
+(lfx alone persists nothing), with Langflow's ownership rules (`HostMemory`); both executors
+write to and read from the same store, and the owner of every stored message is compared."""
 
 from __future__ import annotations
 
@@ -36,27 +37,65 @@ USER_ID = str(uuid.UUID(int=7))  # Langflow always runs a flow as some user
 
 
 class HostMemory:
-    """Stands in for Langflow's message table behind lfx.memory's dispatch."""
+    """Stands in for Langflow's message table behind lfx.memory's dispatch, with Langflow's
+    ownership rules (`langflow.memory`): each message keeps the owner it was stored with, a read
+    returns only its owner's messages, and while lfx's flow scope is bound (lfx binds it around
+    each component; the executor's host binds it around each history read) a read or a write
+    is held to the scope's flow and owner exactly as Langflow's `_message_scope` holds it."""
 
     def __init__(self) -> None:
         from lfx.memory import stubs
 
         self.stubs = stubs
         self.messages: list[Message] = []
+        self.owners: dict[str, str | None] = {}  # message id -> the user_id it was stored with
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stubs, name)
 
+    @staticmethod
+    def _scope(flow_id: Any, user_id: Any) -> tuple[str | None, str | None]:
+        """Langflow's `_message_scope`: the (flow, owner) a caller may use."""
+        from lfx.memory import flow_context as fc
+
+        requested_flow, requested_owner = fc.coerce_flow_id(flow_id), fc.coerce_flow_id(user_id)
+        if not fc.has_current_flow_scope():
+            return _text(requested_flow), _text(requested_owner)
+        graph_flow = fc.coerce_flow_id(fc.get_current_flow_id())
+        graph_owner = fc.get_current_message_owner_id()
+        if graph_flow is None or graph_owner is None:
+            return None, None
+        executor = fc.get_current_message_executor_id()
+        owner_ok = user_id is None or requested_owner in (graph_owner, executor)
+        if (flow_id is not None and requested_flow != graph_flow) or not owner_ok:
+            return None, None
+        return _text(graph_flow), _text(graph_owner)
+
+    def owner_of(self, message: Message) -> str | None:
+        return self.owners.get(str(message.id))
+
     async def astore_message(
         self, message: Message, flow_id: Any = None, run_id: Any = None, user_id: Any = None
     ):
-        from lfx.memory.flow_context import should_persist_messages
+        from lfx.memory.flow_context import has_current_flow_scope, should_persist_messages
 
         if not should_persist_messages():  # as Langflow's own store does
             return [message]
-        message.id = str(uuid.uuid4())
+        if has_current_flow_scope():
+            flow_id, user_id = self._scope(flow_id, user_id)
+            if flow_id is None or user_id is None:
+                raise ValueError(
+                    "A valid matching flow and message owner are required to store chat history."
+                )
         if flow_id:
             message.flow_id = str(flow_id)
+        own_id = getattr(message, "id", None)
+        known = next((i for i, m in enumerate(self.messages) if own_id and str(m.id) == str(own_id)), None)
+        if known is not None and self.owners.get(str(own_id)) == _text(user_id):
+            self.messages[known] = message  # Langflow updates a stored message in place
+            return [message]
+        message.id = str(uuid.uuid4())
+        self.owners[str(message.id)] = _text(user_id)
         self.messages.append(message)
         return [message]
 
@@ -66,16 +105,33 @@ class HostMemory:
     async def delete_message(self, id_: str) -> None:
         self.messages = [m for m in self.messages if str(m.id) != str(id_)]
 
-    async def aget_messages(self, session_id: Any = None, flow_id: Any = None, limit: Any = None, **kw: Any):
+    async def aget_messages(
+        self,
+        session_id: Any = None,
+        flow_id: Any = None,
+        limit: Any = None,
+        user_id: Any = None,
+        sender: Any = None,
+        **kw: Any,
+    ):
+        flow, owner = self._scope(flow_id, user_id)
+        if flow is None or owner is None:  # Langflow answers an unscoped read with nothing
+            return []
         found = [
             m
             for m in self.messages
             if (session_id is None or str(m.session_id) == str(session_id))
-            and (flow_id is None or str(m.flow_id) == str(flow_id))
+            and str(m.flow_id) == flow
+            and self.owners.get(str(m.id)) == owner
+            and (sender is None or m.sender == sender)
         ]
         if kw.get("order", "DESC") == "DESC":
             found = found[::-1]
         return found[: int(limit)] if limit else found
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value is not None else None
 
 
 @pytest.fixture
@@ -94,6 +150,7 @@ class Run:
     messages: list[tuple[str, str, str]]  # (sender, text, session id)
     # for each Message output: is its id the one the host's memory gave it when it was stored
     ids_stored: list[bool]
+    owners: list[str | None]  # the owner each stored message was stored with
 
 
 def _value(value: Any) -> Any:
@@ -136,8 +193,15 @@ async def run_flow(
         [{key: _value(v) for key, v in (result.results or {}).items()} for result in run.outputs if result]
         for run in items[-1].outputs
     ]
+    return _run_of(memory, before, outputs, events, items)
+
+
+def _run_of(memory: HostMemory, before: int, outputs: Any, events: list[str], items: list[Any] | None) -> Run:
+    """A run's record: its outputs and events, and what it stored in `memory` after `before`."""
     stored = [(m.sender, m.text, str(m.session_id)) for m in memory.messages[before:]]
-    return Run(outputs=outputs, events=events, messages=stored, ids_stored=_ids_stored(items, memory, before))
+    owners = [memory.owner_of(m) for m in memory.messages[before:]]
+    ids = _ids_stored(items, memory, before) if items is not None else []
+    return Run(outputs=outputs, events=events, messages=stored, ids_stored=ids, owners=owners)
 
 
 def _ids_stored(items: list[Any], memory: HostMemory, before: int) -> list[bool]:
@@ -227,6 +291,7 @@ def assert_same(reference: Run, ours: Run) -> None:
     assert ours.events == reference.events
     assert ours.messages == reference.messages
     assert ours.ids_stored == reference.ids_stored
+    assert ours.owners == reference.owners
 
 
 async def test_live_component_values_session_events_and_messages(
@@ -406,8 +471,7 @@ async def stream_flow(executor: Any, graph: Any, memory: HostMemory, session_id:
             if hasattr(step.payload, "vertex")
         ]
     ]
-    stored = [(m.sender, m.text, str(m.session_id)) for m in memory.messages[before:]]
-    return Run(outputs=built, events=events, messages=stored, ids_stored=_ids_stored(items, memory, before))  # type: ignore[arg-type]
+    return _run_of(memory, before, built, events, items)
 
 
 async def test_loop_item_only_topology(executor_env: Any, memory: HostMemory) -> None:
@@ -451,8 +515,7 @@ async def test_loop_on_the_host_sends_each_iteration_to_a_guest(
             build = event["data"].get("build_data") if isinstance(event["data"], dict) else None
             events.append(f"{event['event']}:{build['id']}" if build else event["event"])
         built = [[str(step.vertex.id) for step in steps if hasattr(step, "vertex")]]
-        stored = [(m.sender, m.text, str(m.session_id)) for m in memory.messages[before:]]
-        return Run(outputs=built, events=events, messages=stored, ids_stored=[])  # type: ignore[arg-type]
+        return _run_of(memory, before, built, events, None)
 
     reference = await host_run(loop_item_only_graph())
     registry = ExecutorRegistry()
