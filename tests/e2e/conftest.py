@@ -35,6 +35,8 @@ import pytest
 
 from langflow_sandbox_createos.starter import LangflowClient
 
+from .model_server import ModelServer
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_LANGFLOW = ROOT / os.environ.get("VENV_LANGFLOW", ".venv-langflow")
 START_TIMEOUT = float(os.environ.get("LANGFLOW_E2E_START_TIMEOUT", "420"))
@@ -287,15 +289,45 @@ def serve(tag: str = "", **extra_env: str) -> Iterator[LangflowServer]:
         shutil.rmtree(run_dir, ignore_errors=True)  # kept (logs, database) when a check above failed
 
 
+# A model provider of the tests' own (tests/e2e/model_server.py), which every server may call:
+# its address is allowed as an endpoint (Langflow's SSRF policy refuses private addresses and
+# plain HTTP otherwise), also for a credential held in the server's environment, and the
+# servers' environment holds such a credential (what a user without a variable of that name
+# falls back on).
+MODEL_KEY_VARIABLE = "LF_E2E_MODEL_KEY"
+SERVER_MODEL_KEY = "sk-server-" + secrets.token_hex(8)
+
+
 @pytest.fixture(scope="session")
-def langflow_server() -> Iterator[LangflowServer]:
-    yield from serve()
+def model_server() -> Iterator[ModelServer]:
+    with ModelServer() as model:
+        yield model
+
+
+def model_env(model: ModelServer) -> dict[str, str]:
+    return {
+        "LANGFLOW_SSRF_ALLOWED_HOSTS": model.address,
+        "LANGFLOW_PROVIDER_CREDENTIAL_ALLOWED_HOSTS": f"http://{model.address}:{model.port}",
+        MODEL_KEY_VARIABLE: SERVER_MODEL_KEY,
+    }
+
+
+@pytest.fixture(scope="session")
+def langflow_server(model_server: ModelServer) -> Iterator[LangflowServer]:
+    yield from serve(**model_env(model_server))
+
+
+@pytest.fixture(scope="session")
+def executor_server(model_server: ModelServer) -> Iterator[LangflowServer]:
+    """``make run EXECUTOR=createos``: the same server with the whole-flow executor on."""
+    yield from serve("executor-", EXECUTOR="createos", **model_env(model_server))
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
-    server = getattr(item, "funcargs", {}).get("langflow_server")
-    if report.failed and isinstance(server, LangflowServer):
-        report.sections.append(("make run / Langflow logs", server.report()))
+    for name in ("langflow_server", "executor_server"):
+        server = getattr(item, "funcargs", {}).get(name)
+        if report.failed and isinstance(server, LangflowServer):
+            report.sections.append((f"make run / Langflow logs ({name})", server.report()))

@@ -10,20 +10,14 @@ import re
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from executor.parity.test_parity import _feed_back  # tests/ is the import root
 
-from .conftest import LangflowServer, serve
+from .conftest import LangflowServer
 
 pytestmark = [pytest.mark.langflow, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def executor_server() -> Iterator[LangflowServer]:
-    yield from serve("executor-", EXECUTOR="createos")
 
 
 def loop_flow() -> dict[str, Any]:
