@@ -148,6 +148,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args, key, generated = parse_args(argv)
+    # the key lives in the config from here on; a process this server starts inherits nothing
+    # of it by accident (each helper gets an environment of its own anyway, see helpers.py)
+    os.environ.pop(API_KEY_ENV, None)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     owned_state = args.state_dir is None
     config = server_config(args, key, make_state_dir(args.state_dir))

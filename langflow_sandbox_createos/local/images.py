@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import DEFAULT_ROOTFS
+from .helpers import SYSTEM_PATH
 from .mounts import MS_NODEV, MS_NOSUID, mount
 
 TEMPLATE_NAME = "langflow-lfx"
@@ -43,7 +44,6 @@ TEMPLATE_ID = "tpl_" + hashlib.sha256(TEMPLATE_NAME.encode()).hexdigest()[:26]
 GUEST_UID = GUEST_GID = 0
 GUEST_HOME = "/root"
 HOST_GUEST_UID = HOST_GUEST_GID = 65534
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TEMPLATE_VENV = "/opt/lfx"
 
 # /etc entries an image needs and that hold nothing of the host's: linker, resolver, CA

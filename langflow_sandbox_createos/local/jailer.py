@@ -37,7 +37,8 @@ from typing import Any
 
 from . import mounts, network, pids
 from .cgroups import SandboxCgroups
-from .images import GUEST_GID, GUEST_UID, HOST_GUEST_GID, HOST_GUEST_UID, SYSTEM_PATH, Image
+from .helpers import SYSTEM_PATH, helper_env, tool
+from .images import GUEST_GID, GUEST_UID, HOST_GUEST_GID, HOST_GUEST_UID, Image
 from .network import EgressPolicy, GuestNetwork
 from .seccomp import SeccompUnavailable, compile_filter
 
@@ -66,7 +67,7 @@ GUEST_CAPABILITIES = (
 LAUNCHER = (
     'for f in $CREATEOS_LOCAL_CGROUPS; do echo $$ > "$f" || exit 125; done; '
     'if [ -n "$CREATEOS_LOCAL_AS_KB" ]; then ulimit -v "$CREATEOS_LOCAL_AS_KB" || exit 125; fi; '
-    "unset CREATEOS_LOCAL_CGROUPS CREATEOS_LOCAL_AS_KB; "
+    "unset CREATEOS_LOCAL_CGROUPS CREATEOS_LOCAL_AS_KB PWD OLDPWD; "
     'exec "$@"'
 )
 
@@ -93,7 +94,7 @@ def isolation_probe(bwrap: str | None) -> str | None:
     argv += ["--uid", str(GUEST_UID), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
     argv += ["--", "/bin/true"]
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=20, check=False)
+        done = subprocess.run(argv, capture_output=True, timeout=20, check=False, env=helper_env())
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap failed to start: {exc}"
     if done.returncode != 0:
@@ -173,9 +174,16 @@ class GuestLayout:
             if copy_from is not None:
                 # cp -a keeps the overlay's whiteouts (0/0 devices) and trusted.* xattrs
                 subprocess.run(
-                    ["cp", "-a", "--sparse=always", str(copy_from.disk / upper), str(self.disk / upper)],
+                    [
+                        tool("cp"),
+                        "-a",
+                        "--sparse=always",
+                        str(copy_from.disk / upper),
+                        str(self.disk / upper),
+                    ],
                     check=True,
                     capture_output=True,
+                    env=helper_env(),
                 )
             (self.disk / upper).mkdir(exist_ok=True)
             (self.disk / work).mkdir()

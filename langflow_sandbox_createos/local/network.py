@@ -39,6 +39,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from .helpers import helper_env, tool
 from .mounts import umount
 
 log = logging.getLogger("createos.local")
@@ -165,6 +166,7 @@ async def _run(*argv: str, stdin: bytes | None = None) -> None:
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        env=helper_env(),
     )
     _, err = await proc.communicate(stdin)
     if proc.returncode != 0:
@@ -190,7 +192,7 @@ class GuestNetwork:
 
     def enter_argv(self) -> list[str]:
         """The prefix that runs a command in this namespace (as root: nsenter, then the rest)."""
-        return ["nsenter", f"--net={self.path}", "--"]
+        return [tool("nsenter"), f"--net={self.path}", "--"]
 
     async def create(self) -> None:
         """Make the namespace, with only its loopback up and every other destination refused."""
@@ -198,7 +200,7 @@ class GuestNetwork:
         script = ruleset(EgressPolicy((), allow_all=False), host_addresses())
         setup = "ip link set lo up && echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start && nft -f -"
         try:
-            await _run("unshare", f"--net={self.path}", "sh", "-c", setup, stdin=script.encode())
+            await _run(tool("unshare"), f"--net={self.path}", "sh", "-c", setup, stdin=script.encode())
         except BaseException:
             with contextlib.suppress(OSError):
                 umount(self.path)
@@ -215,7 +217,7 @@ class GuestNetwork:
             self.policy = policy
             script = ruleset(policy, host)
             if script != self.applied:
-                await _run(*self.enter_argv(), "nft", "-f", "-", stdin=script.encode())
+                await _run(*self.enter_argv(), tool("nft"), "-f", "-", stdin=script.encode())
                 self.applied = script
             if policy.needs_nat and not self.nat_running:
                 await self._start_nat()
@@ -224,7 +226,7 @@ class GuestNetwork:
         ready_r, ready_w = os.pipe()
         exit_r, exit_w = os.pipe()
         os.set_inheritable(exit_w, False)
-        argv = ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"]
+        argv = [tool("slirp4netns"), "--configure", "--mtu=65520", "--disable-host-loopback"]
         argv += ["--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={exit_r}"]
         argv += ["--netns-type=path", str(self.path), TAP]
         log_path = self.path.with_name("nat.log")  # beside the namespace, out of the guest's root
@@ -237,6 +239,7 @@ class GuestNetwork:
                     stderr=log_file,
                     pass_fds=(ready_w, exit_r),
                     start_new_session=True,
+                    env=helper_env(),  # not the server's: it holds the API key
                 )
         except OSError:
             os.close(exit_w)
@@ -277,7 +280,7 @@ class GuestNetwork:
         """The rules as the kernel holds them (``nft list table``), for tests and the admin API."""
         proc = await asyncio.create_subprocess_exec(
             *self.enter_argv(),
-            "nft",
+            tool("nft"),
             "list",
             "table",
             "inet",
@@ -285,6 +288,7 @@ class GuestNetwork:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            env=helper_env(),
         )
         out, err = await proc.communicate()
         if proc.returncode != 0:
