@@ -31,6 +31,7 @@ import signal
 import struct
 import subprocess
 import termios
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from . import mounts, network, pids
 from .cgroups import SandboxCgroups
 from .helpers import SYSTEM_PATH, helper_env, tool
 from .images import GUEST_GID, GUEST_UID, HOST_GUEST_GID, HOST_GUEST_UID, Image
-from .network import EgressPolicy, GuestNetwork
+from .network import GuestNetwork
 from .seccomp import SeccompUnavailable, compile_filter
 
 CHUNK_BYTES = 64 * 1024
@@ -238,7 +239,7 @@ class ExecRequest:
     hostname: str
     layout: GuestLayout
     image: Image
-    egress: list[str] | None
+    egress: Callable[[], list[str] | None]  # read when the rules are applied: the latest wins
     env: dict[str, str]
     cmd: str
     args: list[str]
@@ -340,7 +341,7 @@ class GuestRunner:
             init = await self.ensure_init(req.layout, req.hostname, req.cgroups, req.mem_mib)
             assert req.layout.network is not None
             try:
-                await req.layout.network.apply(EgressPolicy.parse(req.egress), self.host_addresses)
+                await req.layout.network.apply(req.egress, self.host_addresses)
             except network.NetworkError as exc:
                 raise GuestStartError(f"the guest's network could not be set up: {exc}") from exc
             ns_fds = init.namespace_fds() if init is not None else None

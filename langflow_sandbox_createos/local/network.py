@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,20 +208,44 @@ class GuestNetwork:
             raise
         self.applied = script
 
-    async def apply(self, policy: EgressPolicy, host: frozenset[str]) -> None:
-        """Bring the rules in line with ``policy`` (and the host's current addresses), starting
-        the NAT the first time anything beyond loopback may be reached. The rules go in before
-        the NAT, so nothing is reachable before it is allowed."""
+    async def apply(self, egress: Callable[[], list[str] | None], host: frozenset[str]) -> None:
+        """Bring the rules in line with the guest's egress (read here, under the lock, so the
+        last writer's rules win whatever order the callers came in) and the host's current
+        addresses, starting the NAT the first time anything beyond loopback may be reached.
+        The rules go in before the NAT, so nothing is reachable before it is allowed. They hold
+        for every process of the guest from the moment ``nft`` returns; a connection already
+        open to a destination they now refuse is cut at the next packet the guest sends on it
+        (refused like a new one: its socket is reset). Fails closed: when the new rules cannot
+        be loaded, the guest is left refusing everything."""
         async with self._lock:
             if self._closed:
                 raise NetworkError("the guest is being deleted")
-            self.policy = policy
+            policy = EgressPolicy.parse(egress())
             script = ruleset(policy, host)
             if script != self.applied:
-                await _run(*self.enter_argv(), tool("nft"), "-f", "-", stdin=script.encode())
+                try:
+                    await _run(*self.enter_argv(), tool("nft"), "-f", "-", stdin=script.encode())
+                except NetworkError:
+                    await self._refuse_everything(host)
+                    raise
                 self.applied = script
+            self.policy = policy
             if policy.needs_nat and not self.nat_running:
                 await self._start_nat()
+
+    async def _refuse_everything(self, host: frozenset[str]) -> None:
+        """Deny-all, after new rules failed to load: never leave the guest with wider rules
+        than it was given (when even that fails, its NAT is stopped: nothing leaves then)."""
+        script = ruleset(EgressPolicy((), allow_all=False), host)
+        self.policy = None
+        self.applied = None
+        try:
+            await _run(*self.enter_argv(), tool("nft"), "-f", "-", stdin=script.encode())
+        except NetworkError:
+            log.exception("could not load deny-all rules into %s; stopping its NAT", self.path)
+            self._stop_nat()
+            return
+        self.applied = script
 
     async def _start_nat(self) -> None:
         ready_r, ready_w = os.pipe()
@@ -268,6 +293,9 @@ class GuestNetwork:
     def close(self) -> None:
         """Stop the NAT (the namespace itself goes when its file is unmounted). Idempotent."""
         self._closed = True
+        self._stop_nat()
+
+    def _stop_nat(self) -> None:
         if self._slirp_exit_w >= 0:
             os.close(self._slirp_exit_w)
             self._slirp_exit_w = -1

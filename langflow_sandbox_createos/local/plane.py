@@ -125,7 +125,7 @@ class Plane:
             net = sb.layout.network
             if net is not None and net.policy is not None:
                 try:
-                    await net.apply(net.policy, current)
+                    await net.apply(sb.egress_rules, current)
                 except OSError:
                     log.exception("could not update %s's network rules to the host's new addresses", sb.id)
 

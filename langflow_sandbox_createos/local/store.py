@@ -84,6 +84,10 @@ class Sandbox:
     def terminal(self) -> bool:
         return self.status in TERMINAL
 
+    def egress_rules(self) -> list[str]:
+        """The egress now stored: what the guest's network reads each time it loads its rules."""
+        return self.egress
+
     def view(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "id": self.id,
