@@ -124,6 +124,13 @@ def parser() -> argparse.ArgumentParser:
         help="connections one client address may hold open; more are closed on arrival (default 512)",
     )
     p.add_argument(
+        "--max-unauthenticated-connections",
+        type=int,
+        default=32,
+        help="connections without the API key kept beyond their first 2 s, all clients together; "
+        "the oldest is closed for a new one (default 32)",
+    )
+    p.add_argument(
         "--idle-connection-seconds",
         type=float,
         default=60.0,
@@ -194,6 +201,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, str, boo
         p.error(str(exc))
     if args.max_connections_per_client < 1 or args.idle_connection_seconds <= 0:
         p.error("--max-connections-per-client must be at least 1 and --idle-connection-seconds above 0")
+    if args.max_unauthenticated_connections < 1:
+        p.error("--max-unauthenticated-connections must be at least 1")
     if (args.tls_cert is None) != (args.tls_key is None):
         p.error("--tls-cert and --tls-key go together")
     if args.http2 and args.tls_cert is None:
@@ -228,6 +237,7 @@ def server_config(args: argparse.Namespace, key: str, state_dir: Path) -> Server
         max_sandboxes=args.max_sandboxes,
         max_connections_per_client=args.max_connections_per_client,
         idle_connection_seconds=args.idle_connection_seconds,
+        max_unauthenticated_connections=args.max_unauthenticated_connections,
         max_file_bytes=args.max_file_bytes,
         max_exec_output_bytes=args.max_exec_output_bytes,
         auto_pause_unit_ms=args.auto_pause_unit_ms,

@@ -35,5 +35,7 @@ class ServerConfig:
     # what one client address may hold open, and how long a silent connection lives
     max_connections_per_client: int = 512
     idle_connection_seconds: float = 60.0
+    # connections that have not shown the API key, all clients together (beyond a short grace)
+    max_unauthenticated_connections: int = 32
     # where the guests' roots are reached when the state dir is not searchable by the guest user
     guests_dir: Path | None = None

@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -23,6 +23,9 @@ from .mounts import umount
 from .network import host_addresses
 from .stats import Counters
 from .store import Sandbox, Store
+
+if TYPE_CHECKING:
+    from .server import ConnectionGuard
 
 log = logging.getLogger("createos.local")
 
@@ -46,6 +49,7 @@ class Plane:
             self.store.sandboxes_dir = config.guests_dir
         self.faults = FaultSet()
         self.counters = Counters()
+        self.connection_guard: ConnectionGuard | None = None  # set by the HTTP/1.1 server
         self._auto_pause: asyncio.Task[None] | None = None
         self._boots: set[asyncio.Task[None]] = set()
 
@@ -143,6 +147,7 @@ class Plane:
             "connections_opened": self.counters.connections_opened,
             "connections_open": self.counters.connections_open,
             "connections_refused": self.counters.connections_refused,
+            "connections_unauthenticated": self.connection_guard.waiting if self.connection_guard else None,
             "http_versions": dict(self.counters.http_versions),
             "bytes_sent": self.counters.bytes_sent,
             "memory_enforced": self.memory_enforced,
