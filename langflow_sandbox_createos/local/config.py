@@ -39,3 +39,7 @@ class ServerConfig:
     max_unauthenticated_connections: int = 32
     # where the guests' roots are reached when the state dir is not searchable by the guest user
     guests_dir: Path | None = None
+    # each guest's root is a host uid of its own from this base on (identity.py), or this one
+    # for every guest with shared_guest_uid
+    guest_uid_base: int = 0x70000000
+    shared_guest_uid: bool = False
