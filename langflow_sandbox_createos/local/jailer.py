@@ -388,8 +388,10 @@ class GuestRunner:
                 await req.layout.network.apply(req.egress, self.host_addresses)
             except network.NetworkError as exc:
                 raise GuestStartError(f"the guest's network could not be set up: {exc}") from exc
-            userns_fd = os.dup(req.layout.userns)
+            if req.layout.userns < 0:  # removed meanwhile
+                raise GuestStartError("the guest is being deleted")
             pidns_fd = init.pid_namespace() if init is not None else None
+            userns_fd = os.dup(req.layout.userns)
             seccomp_fd = _pipe_with(self.seccomp)
             pass_fds = (userns_fd, *([pidns_fd] if pidns_fd is not None else []), seccomp_fd)
             argv = self._bwrap_argv(req, env, (userns_fd, pidns_fd), seccomp_fd)
@@ -458,6 +460,8 @@ class GuestRunner:
             sleep = next((p for p in ("usr/bin/sleep", "bin/sleep") if (layout.fs / p).exists()), None)
             if sleep is None:
                 return None
+            if layout.userns < 0:  # removed meanwhile
+                raise GuestStartError("the guest is being deleted")
             # bwrap reads its arguments from a pipe (--args), so the guest's PID 1 shows no host path
             bwrap_args = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
             bwrap_args += ["--die-with-parent", "--hostname", hostname, "--bind", str(layout.fs), "/"]
