@@ -7,7 +7,7 @@ allow-all ``*``, which also starts the guest's NAT): create a sandbox, time its 
 ``true`` (which waits for the guest's PID 1 and network when they are still starting), a
 second exec, and the delete. Medians and p90 over the rounds, interleaved. ``--package-root``
 runs createos-local from another checkout (for a before/after, e.g. a worktree of an older
-commit), with this checkout's client code.
+commit): its package is imported first, so the server it starts is that checkout's.
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from langflow_sandbox_createos.local import testing
-
+REPO = Path(__file__).resolve().parents[1]
 EGRESS = {"deny": ["240.0.0.0/4"], "open": ["*"]}
 
 
@@ -33,8 +30,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--package-root", default=None)
     args = parser.parse_args()
-    if args.package_root:
-        testing._PACKAGE_ROOT = str(Path(args.package_root).resolve())
+    # the server runs from wherever the imported package lives (with_this_package_importable)
+    package_root = str(Path(args.package_root).resolve()) if args.package_root else str(REPO)
+    sys.path.insert(0, package_root)
+    from langflow_sandbox_createos.local import testing
+
     samples: dict[str, dict[str, list[float]]] = {
         name: {"create": [], "first_exec": [], "second_exec": [], "delete": []} for name in EGRESS
     }
@@ -73,7 +73,7 @@ def main() -> None:
         }
         for name, row in samples.items()
     }
-    print(json.dumps({"package_root": testing._PACKAGE_ROOT, "rounds": args.rounds, **report}, indent=1))
+    print(json.dumps({"package_root": testing.__file__, "rounds": args.rounds, **report}, indent=1))
 
 
 if __name__ == "__main__":

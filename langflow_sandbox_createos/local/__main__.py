@@ -124,10 +124,30 @@ def parser() -> argparse.ArgumentParser:
         help="connections one client address may hold open; more are closed on arrival (default 512)",
     )
     p.add_argument(
+        "--max-unauthenticated-connections",
+        type=int,
+        default=32,
+        help="connections without the API key kept beyond their first 2 s, all clients together; "
+        "the oldest is closed for a new one (default 32)",
+    )
+    p.add_argument(
         "--idle-connection-seconds",
         type=float,
         default=60.0,
         help="close a connection that sent nothing for this long with no request in progress (default 60)",
+    )
+    p.add_argument(
+        "--guest-uid-base",
+        type=int,
+        default=ServerConfig.guest_uid_base,
+        help="each guest's root is a host uid of its own from this one on, 65,536 of them "
+        f"(default {ServerConfig.guest_uid_base}); no host user or group may have one",
+    )
+    p.add_argument(
+        "--shared-guest-uid",
+        action="store_true",
+        help="every guest's root is the one host uid --guest-uid-base (the fallback where the "
+        "kernel cannot idmap the image layers)",
     )
     p.add_argument(
         "--auto-pause-unit-ms",
@@ -148,6 +168,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args, key, generated = parse_args(argv)
+    # the key lives in the config from here on; a process this server starts inherits nothing
+    # of it by accident (each helper gets an environment of its own anyway, see helpers.py)
+    os.environ.pop(API_KEY_ENV, None)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     owned_state = args.state_dir is None
     config = server_config(args, key, make_state_dir(args.state_dir))
@@ -191,6 +214,10 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, str, boo
         p.error(str(exc))
     if args.max_connections_per_client < 1 or args.idle_connection_seconds <= 0:
         p.error("--max-connections-per-client must be at least 1 and --idle-connection-seconds above 0")
+    if args.max_unauthenticated_connections < 1:
+        p.error("--max-unauthenticated-connections must be at least 1")
+    if not args.no_isolation:
+        guest_uids(p, args)
     if (args.tls_cert is None) != (args.tls_key is None):
         p.error("--tls-cert and --tls-key go together")
     if args.http2 and args.tls_cert is None:
@@ -201,6 +228,20 @@ def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, str, boo
         except ImportError:
             p.error("--http2 needs hypercorn: pip install hypercorn")
     return args, key, generated
+
+
+def guest_uids(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The guests' host uids must be unprivileged, valid, and nobody else's."""
+    from .identity import GUEST_UID_SPAN, host_users_in_range
+
+    base = args.guest_uid_base
+    if not 65536 <= base <= 2**32 - 2 - GUEST_UID_SPAN:
+        p.error(f"--guest-uid-base must be between 65536 and {2**32 - 2 - GUEST_UID_SPAN}")
+    if not args.shared_guest_uid and args.max_sandboxes > GUEST_UID_SPAN:
+        p.error(f"--max-sandboxes over {GUEST_UID_SPAN} needs --shared-guest-uid (one host uid per guest)")
+    taken = host_users_in_range(base)
+    if taken:
+        p.error(f"--guest-uid-base {base}: the guests' host uids would include {', '.join(taken[:3])}")
 
 
 def make_state_dir(given: Path | None) -> Path:
@@ -225,6 +266,9 @@ def server_config(args: argparse.Namespace, key: str, state_dir: Path) -> Server
         max_sandboxes=args.max_sandboxes,
         max_connections_per_client=args.max_connections_per_client,
         idle_connection_seconds=args.idle_connection_seconds,
+        max_unauthenticated_connections=args.max_unauthenticated_connections,
+        guest_uid_base=args.guest_uid_base,
+        shared_guest_uid=args.shared_guest_uid,
         max_file_bytes=args.max_file_bytes,
         max_exec_output_bytes=args.max_exec_output_bytes,
         auto_pause_unit_ms=args.auto_pause_unit_ms,

@@ -35,5 +35,11 @@ class ServerConfig:
     # what one client address may hold open, and how long a silent connection lives
     max_connections_per_client: int = 512
     idle_connection_seconds: float = 60.0
+    # connections that have not shown the API key, all clients together (beyond a short grace)
+    max_unauthenticated_connections: int = 32
     # where the guests' roots are reached when the state dir is not searchable by the guest user
     guests_dir: Path | None = None
+    # each guest's root is a host uid of its own from this base on (identity.py), or this one
+    # for every guest with shared_guest_uid
+    guest_uid_base: int = 0x70000000
+    shared_guest_uid: bool = False

@@ -18,9 +18,11 @@ Every image gets the mount-point layer (``/workspace``, ``/tmp`` sticky, empty `
 ``/dev``, ``/sys``) on top.
 
 Commands run as root in the guest's user namespace, as on a CreateOS VM. Only that root is
-mapped (to the host's ``nobody``), so the layers createos-local builds belong to it: the guest
-owns its ``/etc``, ``/root``, ``/var``, ``/opt``, ``/usr/local`` and the rest, while the host's
-``/usr`` below stays the host's (read-only in the guest).
+mapped, to a host uid of the guest's own (see ``identity``). The layers createos-local builds
+are root's on disk and shown to each guest through an idmapped mount of its namespace (or
+chowned to the one shared guest uid, see ``build_images``), so they belong to its root: the
+guest owns its ``/etc``, ``/root``, ``/var``, ``/opt``, ``/usr/local`` and the rest, while the
+host's ``/usr`` below stays the host's (read-only in the guest).
 """
 
 from __future__ import annotations
@@ -34,16 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .catalog import DEFAULT_ROOTFS
+from .helpers import SYSTEM_PATH
 from .mounts import MS_NODEV, MS_NOSUID, mount
 
 TEMPLATE_NAME = "langflow-lfx"
 TEMPLATE_ID = "tpl_" + hashlib.sha256(TEMPLATE_NAME.encode()).hexdigest()[:26]
-# the guest's identity inside its user namespace (root, as on a VM), and the unprivileged host
-# identity it maps to
+# the guest's identity inside its user namespace (root, as on a VM; its host uid: identity.py)
 GUEST_UID = GUEST_GID = 0
 GUEST_HOME = "/root"
-HOST_GUEST_UID = HOST_GUEST_GID = 65534
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TEMPLATE_VENV = "/opt/lfx"
 
 # /etc entries an image needs and that hold nothing of the host's: linker, resolver, CA
@@ -83,6 +83,7 @@ class Image:
     path: str = SYSTEM_PATH
     template_id: str | None = None
     env: tuple[tuple[str, str], ...] = ()  # the image's own environment (a Dockerfile's ENV)
+    built: frozenset[Path] = frozenset()  # the layers createos-local made: the guest's root owns them
 
 
 def _passwd() -> str:
@@ -139,13 +140,13 @@ def _mountpoints(layer: Path) -> None:
     (layer / "tmp").chmod(0o1777)
 
 
-def _give_to_guest(layer: Path) -> None:
-    """Make every file of a layer createos-local built the guest root's (the host's ``nobody``
-    outside), so root in the guest owns it as root on a VM would."""
-    os.lchown(layer, HOST_GUEST_UID, HOST_GUEST_GID)
+def _give_to(layer: Path, owner: int) -> None:
+    """Make every file of a layer createos-local built ``owner``'s (the one guest uid all guests
+    share, when the layers cannot be idmapped per guest)."""
+    os.lchown(layer, owner, owner)
     for directory, dirs, files in os.walk(layer):
         for name in (*dirs, *files):
-            os.lchown(os.path.join(directory, name), HOST_GUEST_UID, HOST_GUEST_GID)
+            os.lchown(os.path.join(directory, name), owner, owner)
 
 
 def _devbox_root(layer: Path) -> None:
@@ -193,11 +194,13 @@ def _template_layer(layer: Path, version: str) -> Path:
 
 
 def build_images(
-    images_dir: Path, extra: dict[str, Path], in_memory: bool
+    images_dir: Path, extra: dict[str, Path], in_memory: bool, owner: int | None = None
 ) -> tuple[dict[str, Image], list[str]]:
     """Lay out every image's layers under ``images_dir`` (on a tmpfs of this process's mount
     namespace when ``in_memory``: ~700 small files and symlinks, which a busy disk makes
-    slow); returns the images by name (and template id) and notes on what could not be offered."""
+    slow); returns the images by name (and template id) and notes on what could not be offered.
+    The layers stay root's, for each guest to see through its idmapped mount, unless ``owner``
+    (the shared guest uid) is given."""
     shutil.rmtree(images_dir, ignore_errors=True)
     images_dir.mkdir(parents=True)
     if in_memory:
@@ -208,11 +211,13 @@ def build_images(
     _mountpoints(layers["mountpoints"])
     _devbox_root(layers["devbox"])
     _usr_layer(layers["usr"])
+    built = frozenset(layers.values())
     devbox = Image(
         name=DEFAULT_ROOTFS,
         description="plain image: system Python, no lfx",
         lowers=(layers["mountpoints"], layers["devbox"]),
         usr_lowers=(layers["usr"], Path("/usr")),
+        built=built,
     )
     images = {DEFAULT_ROOTFS: devbox}
     notes: list[str] = []
@@ -237,14 +242,19 @@ def build_images(
             path=f"{TEMPLATE_VENV}/bin:{SYSTEM_PATH}",
             template_id=TEMPLATE_ID,
             env=env,
+            built=built,
         )
         images[TEMPLATE_NAME] = images[TEMPLATE_ID] = template
     else:
         notes.append(f"no template {TEMPLATE_NAME}: the system has no /usr/bin/python{version}")
-    for layer in layers.values():
-        _give_to_guest(layer)
+    if owner is not None:
+        for layer in layers.values():
+            _give_to(layer, owner)
     for name, directory in extra.items():
         images[name] = Image(
-            name=name, description=f"directory {directory}", lowers=(layers["mountpoints"], directory)
+            name=name,
+            description=f"directory {directory}",
+            lowers=(layers["mountpoints"], directory),
+            built=frozenset({layers["mountpoints"]}),
         )
     return images, notes

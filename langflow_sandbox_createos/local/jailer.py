@@ -2,15 +2,16 @@
 
 Every exec runs ``cmd`` + ``args`` inside bubblewrap namespaces. A guest's root is its own
 (``GuestLayout``: an overlay of its image on a tmpfs disk, mounted by the server in its private
-mount namespace), and so is its network (``network.GuestNetwork``: a namespace the server makes,
-with a NAT and egress rules of its own). The first exec starts the guest's PID 1 (bwrap's
-reaper, whose child sleeps); every exec joins its user and PID namespaces and its network
-namespace, so what it leaves running in the background lives on until pause freezes it or delete
-kills PID 1 and with it the namespace. Each exec gets its own mount, UTS and IPC namespaces.
-Commands run as root (uid 0) in the guest's user namespace, as on a VM, with a small set of
-capabilities that reach nothing outside it; outside, that root is the host's unprivileged
-``nobody``: ``setpriv`` drops the server's root before bwrap runs. Every guest process runs
-under the seccomp filter of ``seccomp`` and cannot make user namespaces.
+mount namespace), and so are its user namespace (``identity``: made at create, mapping its root
+to a host uid of its own) and its network (``network.GuestNetwork``: a namespace the server
+makes, with a NAT and egress rules of its own). The first exec starts the guest's PID 1 (bwrap's
+reaper, whose child sleeps); every exec joins its user, PID and network namespaces, so what it
+leaves running in the background lives on until pause freezes it or delete kills PID 1 and with
+it the namespace. Each exec gets its own mount, UTS and IPC namespaces. Commands run as root
+(uid 0) in the guest's user namespace, as on a VM, with a small set of capabilities that reach
+nothing outside it; outside, that root is the guest's unprivileged host uid: ``setpriv`` drops
+the server's root before bwrap joins the namespace. Every guest process runs under the seccomp
+filter of ``seccomp`` and cannot make user namespaces.
 
 The launcher is a tiny ``/bin/sh`` script that joins the sandbox's cgroups (or sets
 ``ulimit -v`` when cgroups are not writable) and then ``exec``s nsenter (into the guest's
@@ -31,18 +32,19 @@ import signal
 import struct
 import subprocess
 import termios
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import mounts, network, pids
+from . import identity, mounts, network, pids
 from .cgroups import SandboxCgroups
-from .images import GUEST_GID, GUEST_UID, HOST_GUEST_GID, HOST_GUEST_UID, SYSTEM_PATH, Image
-from .network import EgressPolicy, GuestNetwork
+from .helpers import SYSTEM_PATH, helper_env, tool
+from .images import Image
+from .network import GuestNetwork
 from .seccomp import SeccompUnavailable, compile_filter
 
 CHUNK_BYTES = 64 * 1024
-NS_GET_PARENT = 0xB702  # ioctl_ns(2): the user namespace that owns this one
 # RLIMIT_AS counts address space, not memory: CPython and its threads reserve far more than
 # they touch, so the fallback limit never goes below this floor (documented).
 RLIMIT_FLOOR_MIB = 1024
@@ -66,14 +68,15 @@ GUEST_CAPABILITIES = (
 LAUNCHER = (
     'for f in $CREATEOS_LOCAL_CGROUPS; do echo $$ > "$f" || exit 125; done; '
     'if [ -n "$CREATEOS_LOCAL_AS_KB" ]; then ulimit -v "$CREATEOS_LOCAL_AS_KB" || exit 125; fi; '
-    "unset CREATEOS_LOCAL_CGROUPS CREATEOS_LOCAL_AS_KB; "
+    "unset CREATEOS_LOCAL_CGROUPS CREATEOS_LOCAL_AS_KB PWD OLDPWD; "
     'exec "$@"'
 )
 
 
-def isolation_probe(bwrap: str | None) -> str | None:
-    """Return None when guests can be built here (root for the per-guest mounts, bwrap able to
-    make every namespace as the unprivileged guest user), else the reason they cannot."""
+def isolation_probe(bwrap: str | None, guest_uid: int) -> str | None:
+    """Return None when guests can be built here (root for the per-guest mounts, a user
+    namespace made for ``guest_uid`` that bwrap, run as that uid, can join and make every other
+    namespace in), else the reason they cannot."""
     if bwrap is None:
         return "bubblewrap (bwrap) is not installed; apt-get install bubblewrap"
     setpriv = shutil.which("setpriv")
@@ -88,14 +91,22 @@ def isolation_probe(bwrap: str | None) -> str | None:
         compile_filter()
     except SeccompUnavailable as exc:
         return str(exc)
-    argv = [setpriv, f"--reuid={HOST_GUEST_UID}", f"--regid={HOST_GUEST_GID}", "--clear-groups", "--"]
-    argv += [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent"]
-    argv += ["--uid", str(GUEST_UID), "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
-    argv += ["--", "/bin/true"]
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=20, check=False)
+        userns = identity.make_namespace(guest_uid)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"no user namespace can be made for the guests' host uid {guest_uid}: {exc}"
+    argv = [setpriv, f"--reuid={guest_uid}", f"--regid={guest_uid}", "--clear-groups", "--", bwrap]
+    argv += ["--userns", str(userns), "--assert-userns-disabled", "--unshare-pid", "--unshare-ipc"]
+    argv += ["--unshare-uts", "--unshare-net", "--die-with-parent", "--ro-bind", "/", "/"]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--", "/bin/true"]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, timeout=20, check=False, env=helper_env(), pass_fds=(userns,)
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap failed to start: {exc}"
+    finally:
+        os.close(userns)
     if done.returncode != 0:
         return f"bwrap cannot create namespaces here: {done.stderr.decode(errors='replace').strip()}"
     return None
@@ -119,9 +130,13 @@ def _pipe_with(data: bytes) -> int:
 class GuestLayout:
     """Where one sandbox lives on the host: ``disk/`` (a tmpfs of ``disk_mib``, the guest's
     disk) holds the overlay's upper layers, ``fs/`` is the guest's root (the overlay of the
-    image's layers and ``disk/``). Without isolation ``fs/`` is a plain directory."""
+    image's layers and ``disk/``), ``layers/`` the image layers createos-local built, each
+    mounted idmapped through the guest's user namespace (so its root owns them). Without
+    isolation ``fs/`` is a plain directory."""
 
     root: Path  # <state>/sandboxes/<id>
+    host_uid: int = -1  # the guest's root on the host (identity.GuestIds); -1 without isolation
+    userns: int = -1  # the guest's user namespace (identity.make_namespace), open from create on
     mounted: list[Path] = field(default_factory=list)
     init: GuestInit | None = None  # the guest's long-lived PID 1 (started at the first exec)
     init_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -143,9 +158,13 @@ class GuestLayout:
     def workspace(self) -> Path:
         return self.fs / "workspace"
 
-    def create(self, image: Image, disk_mib: int, isolation: bool, copy_from: GuestLayout | None) -> None:
-        """Mount the sandbox's disk and root (its upper layers copied from ``copy_from``, a
-        paused sandbox, for a fork). Blocking: run it off the event loop."""
+    def create(
+        self, image: Image, disk_mib: int, isolation: bool, copy_from: GuestLayout | None, idmap: bool = True
+    ) -> None:
+        """Make the guest's user namespace and mount its disk and root (its upper layers copied
+        from ``copy_from``, a paused sandbox, for a fork; the image's built layers idmapped
+        unless ``idmap`` is off, when every guest shares one uid that owns them). Blocking: run
+        it off the event loop."""
         self.disk.mkdir(parents=True)
         self.fs.mkdir()
         if not isolation:
@@ -156,12 +175,13 @@ class GuestLayout:
             (self.fs / "tmp").chmod(0o1777)
             return
         try:
-            self._mount(image, disk_mib, copy_from)
+            self.userns = identity.make_namespace(self.host_uid)
+            self._mount(image, disk_mib, copy_from, idmap)
         except BaseException:
             self.remove()
             raise
 
-    def _mount(self, image: Image, disk_mib: int, copy_from: GuestLayout | None) -> None:
+    def _mount(self, image: Image, disk_mib: int, copy_from: GuestLayout | None, idmap: bool) -> None:
         mounts.mount(
             "tmpfs", self.disk, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, f"size={disk_mib}m,mode=0700"
         )
@@ -173,14 +193,23 @@ class GuestLayout:
             if copy_from is not None:
                 # cp -a keeps the overlay's whiteouts (0/0 devices) and trusted.* xattrs
                 subprocess.run(
-                    ["cp", "-a", "--sparse=always", str(copy_from.disk / upper), str(self.disk / upper)],
+                    [
+                        tool("cp"),
+                        "-a",
+                        "--sparse=always",
+                        str(copy_from.disk / upper),
+                        str(self.disk / upper),
+                    ],
                     check=True,
                     capture_output=True,
+                    env=helper_env(),
                 )
+                if copy_from.host_uid != self.host_uid:  # what the source's root made is this root's
+                    identity.chown_tree(self.disk / upper, copy_from.host_uid, self.host_uid)
             (self.disk / upper).mkdir(exist_ok=True)
             (self.disk / work).mkdir()
         for upper, work, target, lowers in layers:
-            lowerdir = ":".join(str(p) for p in lowers)
+            lowerdir = ":".join(str(self._shown(p, image, idmap)) for p in lowers)
             options = f"lowerdir={lowerdir},upperdir={self.disk / upper},workdir={self.disk / work}"
             mounts.mount("overlay", target, "overlay", mounts.MS_NOSUID | mounts.MS_NODEV, options)
             self.mounted.append(target)
@@ -190,6 +219,18 @@ class GuestLayout:
             self.mounted.append(target)
             flags = mounts.MS_REMOUNT | mounts.MS_BIND | mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV
             mounts.mount(None, target, None, flags)
+
+    def _shown(self, layer: Path, image: Image, idmap: bool) -> Path:
+        """``layer`` as the guest's overlay stacks it: a layer createos-local built (root's on
+        disk) through an idmapped mount of the guest's namespace, so its root owns it; any
+        other (the host's ``/usr``, a ``--rootfs`` directory) as it is."""
+        if not idmap or layer not in image.built:
+            return layer
+        target = self.root / "layers" / str(len(self.mounted))
+        target.mkdir(parents=True)
+        mounts.mount_idmapped(layer, target, self.userns)
+        self.mounted.append(target)
+        return target
 
     def resize(self, disk_mib: int) -> None:
         if self.disk in self.mounted:
@@ -220,6 +261,9 @@ class GuestLayout:
             except OSError:
                 failed = True
         self.mounted.clear()
+        if self.userns >= 0:
+            os.close(self.userns)
+            self.userns = -1
         if not failed:  # never walk into a tree that may still show a host directory
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -230,7 +274,7 @@ class ExecRequest:
     hostname: str
     layout: GuestLayout
     image: Image
-    egress: list[str] | None
+    egress: Callable[[], list[str] | None]  # read when the rules are applied: the latest wins
     env: dict[str, str]
     cmd: str
     args: list[str]
@@ -281,30 +325,39 @@ class GuestRunner:
         raise GuestStartError(f'exec: "{cmd}": executable file not found in $PATH')
 
     # -- argv ---------------------------------------------------------------------------
-    def _jailed(self, net: GuestNetwork) -> list[str]:
+    def _jailed(self, layout: GuestLayout, userns_fd: int) -> list[str]:
         """nsenter (into the guest's network, still as the server's root), then setpriv (the
-        host's ``nobody``), then bwrap."""
-        assert self.bwrap is not None and self.setpriv is not None
-        argv = [*net.enter_argv(), self.setpriv, f"--reuid={HOST_GUEST_UID}", f"--regid={HOST_GUEST_GID}"]
-        return [*argv, "--clear-groups", "--", self.bwrap]
+        guest's own unprivileged host uid), then bwrap joining the guest's user namespace, where
+        that uid is root, with no way to make another."""
+        assert self.bwrap is not None and self.setpriv is not None and layout.network is not None
+        uid = layout.host_uid
+        argv = [
+            *layout.network.enter_argv(),
+            self.setpriv,
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+        ]
+        return [*argv, "--", self.bwrap, "--userns", str(userns_fd), "--assert-userns-disabled"]
 
     def _bwrap_argv(
         self,
         req: ExecRequest,
         env: dict[str, str],
-        ns_fds: tuple[int, int, int] | None,
+        ns_fds: tuple[int, int | None],
         seccomp_fd: int,
     ) -> list[str]:
-        """bwrap as the unprivileged host user: the guest's root is its own overlay, its network
-        the guest's, it is root in its user namespace with ``GUEST_CAPABILITIES`` there only."""
-        assert req.layout.network is not None
-        argv = self._jailed(req.layout.network)
-        if ns_fds is None:  # no init (an image without `sleep`): namespaces of its own
-            argv += ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns"]
-            argv += ["--uid", str(GUEST_UID), "--gid", str(GUEST_GID), "--die-with-parent"]
-        else:  # join the guest's user and PID namespaces: its processes outlive this exec
-            argv += ["--userns", str(ns_fds[0]), "--userns2", str(ns_fds[1]), "--pidns", str(ns_fds[2])]
-            argv += ["--assert-userns-disabled", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        """bwrap as the guest's host uid: the guest's root is its own overlay, its network the
+        guest's, it is root in its user namespace with ``GUEST_CAPABILITIES`` there only.
+        ``ns_fds``: the guest's user namespace and its PID 1's PID namespace (None when it has
+        no PID 1: an image without ``sleep`` gets a PID namespace per exec)."""
+        userns_fd, pidns_fd = ns_fds
+        argv = self._jailed(req.layout, userns_fd)
+        argv += ["--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if pidns_fd is None:  # no init: a PID namespace of its own, gone with this exec
+            argv += ["--unshare-pid", "--die-with-parent"]
+        else:  # join the guest's PID namespace: its processes outlive this exec
+            argv += ["--pidns", str(pidns_fd)]
             # No --die-with-parent here. With --pidns, bwrap's first child forks the command's
             # process and exits; the command arms PR_SET_PDEATHSIG just before its execve,
             # against whatever its parent is at that moment. When that first child is slow
@@ -332,13 +385,16 @@ class GuestRunner:
             init = await self.ensure_init(req.layout, req.hostname, req.cgroups, req.mem_mib)
             assert req.layout.network is not None
             try:
-                await req.layout.network.apply(EgressPolicy.parse(req.egress), self.host_addresses)
+                await req.layout.network.apply(req.egress, self.host_addresses)
             except network.NetworkError as exc:
                 raise GuestStartError(f"the guest's network could not be set up: {exc}") from exc
-            ns_fds = init.namespace_fds() if init is not None else None
+            if req.layout.userns < 0:  # removed meanwhile
+                raise GuestStartError("the guest is being deleted")
+            pidns_fd = init.pid_namespace() if init is not None else None
+            userns_fd = os.dup(req.layout.userns)
             seccomp_fd = _pipe_with(self.seccomp)
-            pass_fds = (*(ns_fds or ()), seccomp_fd)
-            argv = self._bwrap_argv(req, env, ns_fds, seccomp_fd)
+            pass_fds = (userns_fd, *([pidns_fd] if pidns_fd is not None else []), seccomp_fd)
+            argv = self._bwrap_argv(req, env, (userns_fd, pidns_fd), seccomp_fd)
             cwd = "/"
         else:
             argv = [req.cmd, *req.args]
@@ -404,16 +460,18 @@ class GuestRunner:
             sleep = next((p for p in ("usr/bin/sleep", "bin/sleep") if (layout.fs / p).exists()), None)
             if sleep is None:
                 return None
+            if layout.userns < 0:  # removed meanwhile
+                raise GuestStartError("the guest is being deleted")
             # bwrap reads its arguments from a pipe (--args), so the guest's PID 1 shows no host path
-            bwrap_args = ["--unshare-all", "--unshare-user", "--share-net", "--disable-userns"]
-            bwrap_args += ["--die-with-parent", "--hostname", hostname]
-            bwrap_args += ["--uid", str(GUEST_UID), "--gid", str(GUEST_GID), "--bind", str(layout.fs), "/"]
+            bwrap_args = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+            bwrap_args += ["--die-with-parent", "--hostname", hostname, "--bind", str(layout.fs), "/"]
             bwrap_args += ["--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--clearenv"]
             seccomp_r = _pipe_with(self.seccomp)
             info_r, info_w = os.pipe()
+            userns_fd = os.dup(layout.userns)
             bwrap_args += ["--info-fd", str(info_w), "--seccomp", str(seccomp_r)]
             args_r = _pipe_with(b"".join(os.fsencode(a) + b"\0" for a in bwrap_args))
-            argv = [*self._jailed(layout.network), "--args", str(args_r), "--", f"/{sleep}", "infinity"]
+            argv = [*self._jailed(layout, userns_fd), "--args", str(args_r), "--", f"/{sleep}", "infinity"]
             try:
                 proc = await asyncio.create_subprocess_exec(
                     "/bin/sh",
@@ -427,12 +485,11 @@ class GuestRunner:
                     env=self._launcher_env(cgroups, mem_mib),
                     cwd="/",
                     start_new_session=True,
-                    pass_fds=(info_w, args_r, seccomp_r),
+                    pass_fds=(info_w, args_r, seccomp_r, userns_fd),
                 )
             finally:
-                os.close(info_w)
-                os.close(args_r)
-                os.close(seccomp_r)
+                for fd in (info_w, args_r, seccomp_r, userns_fd):
+                    os.close(fd)
             try:
                 raw = await asyncio.to_thread(_read_all, info_r)
             finally:
@@ -440,7 +497,7 @@ class GuestRunner:
             init: GuestInit | None = None
             try:
                 init = GuestInit.adopt(proc, int(json.loads(raw)["child-pid"]))
-                await _until_nested(init)
+                await _until_joined(init, os.fstat(layout.userns).st_ino)
             except (ValueError, KeyError, TypeError, OSError) as exc:
                 if init is not None:
                     init.kill()
@@ -453,26 +510,16 @@ class GuestRunner:
             return layout.init
 
 
-async def _until_nested(init: GuestInit) -> None:
-    """Wait until the guest's PID 1 runs in its final (nested, uid 1000) user namespace; bwrap
-    reports the PID before it switches."""
-    host_userns = os.stat("/proc/self/ns/user").st_ino
+async def _until_joined(init: GuestInit, userns: int) -> None:
+    """Wait until the guest's PID 1 runs in the guest's user namespace (inode ``userns``):
+    bwrap may report the PID before it has joined."""
     child_pid = init.child_pid
     for _ in range(2500):
         if not init.alive:
             raise OSError(errno.ESRCH, f"guest PID 1 ({child_pid}) exited while starting")
-        inner = os.open(f"/proc/{child_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            parent = fcntl.ioctl(inner, NS_GET_PARENT)
-        except PermissionError:  # PID 1 is still in the host's namespace
-            parent = -1
-        finally:
-            os.close(inner)
-        if parent >= 0:
-            nested = os.fstat(parent).st_ino != host_userns
-            os.close(parent)
-            if nested and init.alive:  # alive afterwards: the namespace was PID 1's own
-                return
+        joined = os.stat(f"/proc/{child_pid}/ns/user").st_ino == userns
+        if joined and init.alive:  # alive afterwards: the namespace was PID 1's own
+            return
         await asyncio.sleep(0.002)
     raise OSError(f"guest PID 1 ({child_pid}) never entered its user namespace")
 
@@ -566,26 +613,14 @@ class GuestInit:
     def alive(self) -> bool:
         return self._pidfd >= 0 and self.proc.returncode is None and not pids.has_exited(self._pidfd)
 
-    def namespace_fds(self) -> tuple[int, int, int]:
-        """(outer user ns, guest user ns, PID ns). bwrap nests the guest's user namespace (uid
-        1000) in the one that owns its PID namespace: an exec joins the outer one, then the PID
-        namespace, then switches to the inner one (bwrap's --userns, --pidns, --userns2).
-        The files are opened by number and then checked against the pidfd: if PID 1 is still
-        running afterwards, they were its own."""
-        fds: list[int] = []
-        try:
-            inner = os.open(f"/proc/{self.child_pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
-            fds.append(inner)
-            fds.append(fcntl.ioctl(inner, NS_GET_PARENT))
-            os.set_inheritable(fds[-1], False)
-            fds.append(os.open(f"/proc/{self.child_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC))
-            if not self.alive:
-                raise OSError(errno.ESRCH, f"guest PID 1 ({self.child_pid}) has exited")
-        except OSError:
-            for fd in fds:
-                os.close(fd)
-            raise
-        return fds[1], fds[0], fds[2]
+    def pid_namespace(self) -> int:
+        """PID 1's PID namespace, which an exec joins. Opened by number and then checked
+        against the pidfd: if PID 1 is still running afterwards, it was its own."""
+        fd = os.open(f"/proc/{self.child_pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        if not self.alive:
+            os.close(fd)
+            raise OSError(errno.ESRCH, f"guest PID 1 ({self.child_pid}) has exited")
+        return fd
 
     def kill(self) -> None:
         """SIGKILL PID 1 (the kernel then kills its whole PID namespace) and the launcher's

@@ -36,9 +36,11 @@ import logging
 import os
 import shutil
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .helpers import helper_env, tool
 from .mounts import umount
 
 log = logging.getLogger("createos.local")
@@ -165,6 +167,7 @@ async def _run(*argv: str, stdin: bytes | None = None) -> None:
         stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
+        env=helper_env(),
     )
     _, err = await proc.communicate(stdin)
     if proc.returncode != 0:
@@ -190,7 +193,7 @@ class GuestNetwork:
 
     def enter_argv(self) -> list[str]:
         """The prefix that runs a command in this namespace (as root: nsenter, then the rest)."""
-        return ["nsenter", f"--net={self.path}", "--"]
+        return [tool("nsenter"), f"--net={self.path}", "--"]
 
     async def create(self) -> None:
         """Make the namespace, with only its loopback up and every other destination refused."""
@@ -198,33 +201,57 @@ class GuestNetwork:
         script = ruleset(EgressPolicy((), allow_all=False), host_addresses())
         setup = "ip link set lo up && echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start && nft -f -"
         try:
-            await _run("unshare", f"--net={self.path}", "sh", "-c", setup, stdin=script.encode())
+            await _run(tool("unshare"), f"--net={self.path}", "sh", "-c", setup, stdin=script.encode())
         except BaseException:
             with contextlib.suppress(OSError):
                 umount(self.path)
             raise
         self.applied = script
 
-    async def apply(self, policy: EgressPolicy, host: frozenset[str]) -> None:
-        """Bring the rules in line with ``policy`` (and the host's current addresses), starting
-        the NAT the first time anything beyond loopback may be reached. The rules go in before
-        the NAT, so nothing is reachable before it is allowed."""
+    async def apply(self, egress: Callable[[], list[str] | None], host: frozenset[str]) -> None:
+        """Bring the rules in line with the guest's egress (read here, under the lock, so the
+        last writer's rules win whatever order the callers came in) and the host's current
+        addresses, starting the NAT the first time anything beyond loopback may be reached.
+        The rules go in before the NAT, so nothing is reachable before it is allowed. They hold
+        for every process of the guest from the moment ``nft`` returns; a connection already
+        open to a destination they now refuse is cut at the next packet the guest sends on it
+        (refused like a new one: its socket is reset). Fails closed: when the new rules cannot
+        be loaded, the guest is left refusing everything."""
         async with self._lock:
             if self._closed:
                 raise NetworkError("the guest is being deleted")
-            self.policy = policy
+            policy = EgressPolicy.parse(egress())
             script = ruleset(policy, host)
             if script != self.applied:
-                await _run(*self.enter_argv(), "nft", "-f", "-", stdin=script.encode())
+                try:
+                    await _run(*self.enter_argv(), tool("nft"), "-f", "-", stdin=script.encode())
+                except NetworkError:
+                    await self._refuse_everything(host)
+                    raise
                 self.applied = script
+            self.policy = policy
             if policy.needs_nat and not self.nat_running:
                 await self._start_nat()
+
+    async def _refuse_everything(self, host: frozenset[str]) -> None:
+        """Deny-all, after new rules failed to load: never leave the guest with wider rules
+        than it was given (when even that fails, its NAT is stopped: nothing leaves then)."""
+        script = ruleset(EgressPolicy((), allow_all=False), host)
+        self.policy = None
+        self.applied = None
+        try:
+            await _run(*self.enter_argv(), tool("nft"), "-f", "-", stdin=script.encode())
+        except NetworkError:
+            log.exception("could not load deny-all rules into %s; stopping its NAT", self.path)
+            self._stop_nat()
+            return
+        self.applied = script
 
     async def _start_nat(self) -> None:
         ready_r, ready_w = os.pipe()
         exit_r, exit_w = os.pipe()
         os.set_inheritable(exit_w, False)
-        argv = ["slirp4netns", "--configure", "--mtu=65520", "--disable-host-loopback"]
+        argv = [tool("slirp4netns"), "--configure", "--mtu=65520", "--disable-host-loopback"]
         argv += ["--enable-sandbox", "--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={exit_r}"]
         argv += ["--netns-type=path", str(self.path), TAP]
         log_path = self.path.with_name("nat.log")  # beside the namespace, out of the guest's root
@@ -237,6 +264,7 @@ class GuestNetwork:
                     stderr=log_file,
                     pass_fds=(ready_w, exit_r),
                     start_new_session=True,
+                    env=helper_env(),  # not the server's: it holds the API key
                 )
         except OSError:
             os.close(exit_w)
@@ -265,6 +293,9 @@ class GuestNetwork:
     def close(self) -> None:
         """Stop the NAT (the namespace itself goes when its file is unmounted). Idempotent."""
         self._closed = True
+        self._stop_nat()
+
+    def _stop_nat(self) -> None:
         if self._slirp_exit_w >= 0:
             os.close(self._slirp_exit_w)
             self._slirp_exit_w = -1
@@ -277,7 +308,7 @@ class GuestNetwork:
         """The rules as the kernel holds them (``nft list table``), for tests and the admin API."""
         proc = await asyncio.create_subprocess_exec(
             *self.enter_argv(),
-            "nft",
+            tool("nft"),
             "list",
             "table",
             "inet",
@@ -285,6 +316,7 @@ class GuestNetwork:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            env=helper_env(),
         )
         out, err = await proc.communicate()
         if proc.returncode != 0:

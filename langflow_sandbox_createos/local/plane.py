@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
@@ -17,12 +17,16 @@ from .cgroups import GUEST_PIDS_MAX, CgroupManager
 from .config import ServerConfig
 from .envelope import ApiError
 from .faults import FaultSet
+from .identity import GuestIds, idmap_problem
 from .images import Image, build_images
 from .jailer import GuestRunner, isolation_probe
 from .mounts import umount
 from .network import host_addresses
 from .stats import Counters
 from .store import Sandbox, Store
+
+if TYPE_CHECKING:
+    from .server import ConnectionGuard
 
 log = logging.getLogger("createos.local")
 
@@ -39,13 +43,20 @@ class Plane:
         if config.memory_limits:
             self.memory_enforced = "cgroup" if self.cgroups.memory_parent is not None else "rlimit"
         self.runner = GuestRunner(self.state_dir, config.isolation, self.memory_enforced)
+        self.ids = GuestIds(config.guest_uid_base, config.shared_guest_uid)
         self.store = Store(
-            self.state_dir, self.cgroups, self.transition_delay, config.unique_names, config.isolation
+            self.state_dir,
+            self.cgroups,
+            self.transition_delay,
+            config.unique_names,
+            config.isolation,
+            self.ids,
         )
         if config.guests_dir is not None:
             self.store.sandboxes_dir = config.guests_dir
         self.faults = FaultSet()
         self.counters = Counters()
+        self.connection_guard: ConnectionGuard | None = None  # set by the HTTP/1.1 server
         self._auto_pause: asyncio.Task[None] | None = None
         self._boots: set[asyncio.Task[None]] = set()
 
@@ -80,8 +91,14 @@ class Plane:
             raise ApiError(401, "invalid api key" if key else "missing api key", "unauthorized")
 
     async def start(self) -> None:
+        if self.config.isolation and not self.ids.shared:
+            problem = await asyncio.to_thread(idmap_problem, self.state_dir / "idmap-probe", self.ids.base)
+            if problem:
+                log.warning("%s: every guest's root is the one host uid %d instead", problem, self.ids.base)
+                self.ids.shared = True
+        owner = self.ids.base if self.config.isolation and self.ids.shared else None
         self.images, notes = await asyncio.to_thread(
-            build_images, self.state_dir / "images", self.config.rootfs, self.config.isolation
+            build_images, self.state_dir / "images", self.config.rootfs, self.config.isolation, owner
         )
         for note in notes:
             log.warning("%s", note)
@@ -125,7 +142,7 @@ class Plane:
             net = sb.layout.network
             if net is not None and net.policy is not None:
                 try:
-                    await net.apply(net.policy, current)
+                    await net.apply(sb.egress_rules, current)
                 except OSError:
                     log.exception("could not update %s's network rules to the host's new addresses", sb.id)
 
@@ -143,16 +160,24 @@ class Plane:
             "connections_opened": self.counters.connections_opened,
             "connections_open": self.counters.connections_open,
             "connections_refused": self.counters.connections_refused,
+            "connections_unauthenticated": self.connection_guard.waiting if self.connection_guard else None,
             "http_versions": dict(self.counters.http_versions),
             "bytes_sent": self.counters.bytes_sent,
             "memory_enforced": self.memory_enforced,
             "pids_limit": GUEST_PIDS_MAX if self.cgroups.pids_parent is not None else None,
             "freezer": "cgroup" if self.cgroups.freezer_parent is not None else "signals",
             "isolation": "bwrap" if self.config.isolation else False,
+            "guest_uids": ("shared" if self.ids.shared else "per-guest") if self.config.isolation else None,
             "streaming": self.streaming_enabled,
             "faults": self.faults.as_json(),
             "sandboxes": [
-                {"id": sb.id, "name": sb.name, "status": sb.status, "created_at": sb.view()["created_at"]}
+                {
+                    "id": sb.id,
+                    "name": sb.name,
+                    "status": sb.status,
+                    "created_at": sb.view()["created_at"],
+                    "host_uid": sb.layout.host_uid if self.config.isolation else None,
+                }
                 for sb in self.store.rows.values()
             ],
         }
@@ -162,7 +187,7 @@ def check_isolation(config: ServerConfig) -> str | None:
     """None when guests can be isolated (or isolation is off), else why not."""
     if not config.isolation:
         return None
-    reason = isolation_probe(shutil.which("bwrap"))
+    reason = isolation_probe(shutil.which("bwrap"), config.guest_uid_base)
     if reason:
         return f"{reason}. Start with --no-isolation to run guests as plain host processes."
     return None

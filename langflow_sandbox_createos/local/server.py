@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import itertools
 import logging
 import signal
@@ -26,33 +27,118 @@ WRITE_BUFFER_HIGH = 1024 * 1024
 # Numbers each accepted connection: a client's (address, port) is not enough to tell two
 # connections apart, since a busy machine reuses its ephemeral ports.
 _CONNECTIONS = itertools.count(1)
+# how long a new connection has to send its first request (and show the key) before it counts
+# against the budget of unauthenticated connections
+UNAUTHENTICATED_GRACE_SECONDS = 2.0
 
 
 class ConnectionGuard:
-    """Bounds what one client address can hold open: at most ``per_client`` connections at
-    once (the next ones are closed as they arrive) and none idle longer than ``idle_seconds``
-    (no byte received and no request in progress). The counts live in ``Counters``."""
+    """Bounds what clients can hold open, so that one without the key never starves one with it.
 
-    def __init__(self, counters: Counters, per_client: int, idle_seconds: float) -> None:
+    Every connection starts *unauthenticated* and becomes *authenticated* at its first request
+    that carries the right ``X-Api-Key`` (``promote``). Budgets:
+
+    * ``per_client``: the connections of one client address, both kinds. A new one over it
+      pushes out that address's oldest unauthenticated connection; it is refused only when all
+      of them have shown the key.
+    * ``unauthenticated``: connections that have not shown the key, all addresses together,
+      kept beyond their first ``grace`` seconds (the time a client has to send its first
+      request). Over it, the oldest such connection is closed.
+
+    On loopback every local process is one address: a process that holds all its slots without
+    the key (one byte before each idle deadline) only ever holds unauthenticated ones, which
+    every new connection can push out, so a client with the key is always let in and, once it
+    has shown the key, never closed for anyone else. None of them idles longer than
+    ``idle_seconds`` (no byte received and no request in progress). The counts live in
+    ``Counters``."""
+
+    def __init__(
+        self,
+        counters: Counters,
+        per_client: int,
+        idle_seconds: float,
+        unauthenticated: int = 32,
+        api_key: str = "",
+        grace: float = UNAUTHENTICATED_GRACE_SECONDS,
+    ) -> None:
         self.counters = counters
         self.per_client = per_client
         self.idle_seconds = idle_seconds
+        self.unauthenticated = unauthenticated
+        self.grace = grace
+        self._key = api_key.encode()
         self._open: Counter[str] = Counter()
+        # unauthenticated connections, oldest first: all of them, and by client address
+        self._waiting: dict[TransportAwareProtocol, float] = {}
+        self._waiting_by_host: dict[str, dict[TransportAwareProtocol, None]] = {}
+        self._trim_timer: asyncio.TimerHandle | None = None
 
-    def admit(self, host: str) -> bool:
+    def admit(self, conn: TransportAwareProtocol, host: str, now: float) -> bool:
         if self._open[host] >= self.per_client:
-            self.counters.connections_refused += 1
-            return False
+            same_host = self._waiting_by_host.get(host)
+            if not same_host:  # every connection of this address has shown the key
+                self.counters.connections_refused += 1
+                return False
+            self._push_out(next(iter(same_host)))
         self._open[host] += 1
+        self._waiting[conn] = now
+        self._waiting_by_host.setdefault(host, {})[conn] = None
         self.counters.connections_opened += 1
         self.counters.connections_open += 1
+        self.trim(conn.loop)
         return True
 
-    def release(self, host: str) -> None:
+    def shows_key(self, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Whether a request's headers carry the API key (compared in constant time)."""
+        for name, value in headers:
+            if name.lower() == b"x-api-key":
+                return bool(self._key) and hmac.compare_digest(value, self._key)
+        return False
+
+    def promote(self, conn: TransportAwareProtocol, host: str) -> None:
+        """``conn`` has shown the key: it leaves the unauthenticated budget for good."""
+        if self._waiting.pop(conn, None) is not None:
+            self._forget(conn, host)
+
+    def release(self, conn: TransportAwareProtocol, host: str) -> None:
+        if self._waiting.pop(conn, None) is not None:
+            self._forget(conn, host)
         self._open[host] -= 1
         if self._open[host] <= 0:
             del self._open[host]
         self.counters.connections_open -= 1
+
+    def trim(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Close the oldest unauthenticated connections past their grace while there are more
+        than the budget; come back when the oldest one's grace ends if it has not yet."""
+        if self._trim_timer is not None:
+            self._trim_timer.cancel()
+            self._trim_timer = None
+        while len(self._waiting) > self.unauthenticated:
+            oldest, since = next(iter(self._waiting.items()))
+            wait = since + self.grace - loop.time()
+            if wait > 0:
+                self._trim_timer = loop.call_later(wait, self.trim, loop)
+                return
+            self._push_out(oldest)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def _push_out(self, conn: TransportAwareProtocol) -> None:
+        self.counters.connections_refused += 1
+        host = conn.peer or ""
+        if self._waiting.pop(conn, None) is not None:
+            self._forget(conn, host)
+        conn.transport.abort()  # connection_lost releases its slot
+
+    def _forget(self, conn: TransportAwareProtocol, host: str) -> None:
+        same_host = self._waiting_by_host.get(host)
+        if same_host is not None:
+            same_host.pop(conn, None)
+            if not same_host:
+                del self._waiting_by_host[host]
 
 
 class TransportAwareProtocol(H11Protocol):
@@ -63,17 +149,18 @@ class TransportAwareProtocol(H11Protocol):
     def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.guard = guard
-        self._peer: str | None = None  # set once admitted
+        self.peer: str | None = None  # set once admitted
+        self._authenticated = False
         self._last_read = 0.0
         self._idle: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         peer = self.client[0] if self.client else ""
-        if not self.guard.admit(peer):
+        if not self.guard.admit(self, peer, self.loop.time()):
             transport.abort()
             return
-        self._peer = peer
+        self.peer = peer
         self._last_read = self.loop.time()
         self._idle = self.loop.call_later(self.guard.idle_seconds, self._close_if_idle)
         # room for a few output frames in flight, so big streams are not ping-ponged frame by frame
@@ -82,6 +169,9 @@ class TransportAwareProtocol(H11Protocol):
         connection = next(_CONNECTIONS)
 
         async def app(scope: Any, receive: Any, send: Any) -> None:
+            if not self._authenticated and self.guard.shows_key(scope.get("headers", [])):
+                self._authenticated = True
+                self.guard.promote(self, peer)
             extensions = scope.setdefault("extensions", {})
             extensions[TRANSPORT_KEY] = transport
             extensions[CONNECTION_KEY] = connection
@@ -97,9 +187,9 @@ class TransportAwareProtocol(H11Protocol):
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        if self._peer is not None:
-            self.guard.release(self._peer)
-            self._peer = None
+        if self.peer is not None:
+            self.guard.release(self, self.peer)
+            self.peer = None
         super().connection_lost(exc)
 
     def _close_if_idle(self) -> None:
@@ -112,7 +202,7 @@ class TransportAwareProtocol(H11Protocol):
             wait = self.guard.idle_seconds - quiet if not busy else self.guard.idle_seconds
             self._idle = self.loop.call_later(max(wait, 0.05), self._close_if_idle)
             return
-        log.info("closing a connection of %s idle for %.0f s", self._peer, quiet)
+        log.info("closing a connection of %s idle for %.0f s", self.peer, quiet)
         self.transport.close()
 
 
@@ -163,7 +253,14 @@ def serve(config: ServerConfig) -> None:
     if config.http2:
         _serve_http2(config, plane, app, sock)
         return
-    guard = ConnectionGuard(plane.counters, config.max_connections_per_client, config.idle_connection_seconds)
+    guard = ConnectionGuard(
+        plane.counters,
+        config.max_connections_per_client,
+        config.idle_connection_seconds,
+        unauthenticated=config.max_unauthenticated_connections,
+        api_key=config.api_key,
+    )
+    plane.connection_guard = guard
     uv_config = uvicorn.Config(
         app,
         http=functools.partial(TransportAwareProtocol, guard=guard),  # type: ignore[arg-type]

@@ -25,7 +25,8 @@ class Counters:
     # HTTP/1.1: counted by the connection guard as connections are accepted and closed
     connections_opened: int = 0
     connections_open: int = 0
-    connections_refused: int = 0  # over the per-client cap
+    # closed by a budget: refused on arrival, or pushed out for a newer one (never one with the key)
+    connections_refused: int = 0
     _recent_peers: dict[object, None] = field(default_factory=dict)
 
     def saw_peer(self, peer: object) -> None:

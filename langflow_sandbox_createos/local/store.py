@@ -23,6 +23,7 @@ from . import pids
 from .catalog import Shape
 from .cgroups import CgroupManager, SandboxCgroups
 from .envelope import ApiError
+from .identity import GUEST_UID_BASE, GuestIds
 from .images import Image
 from .jailer import GuestLayout, GuestProcess
 
@@ -84,6 +85,10 @@ class Sandbox:
     def terminal(self) -> bool:
         return self.status in TERMINAL
 
+    def egress_rules(self) -> list[str]:
+        """The egress now stored: what the guest's network reads each time it loads its rules."""
+        return self.egress
+
     def view(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             "id": self.id,
@@ -131,8 +136,10 @@ class Store:
         transition_delay: Callable[[], float],
         unique_names: bool = True,
         isolation: bool = True,
+        ids: GuestIds | None = None,
     ) -> None:
         self.isolation = isolation
+        self.ids = ids if ids is not None else GuestIds(GUEST_UID_BASE, shared=False)
         self.state_dir = state_dir
         self.sandboxes_dir = state_dir / "sandboxes"
         self.cgroups = cgroups
@@ -183,13 +190,14 @@ class Store:
         """A new sandbox with its disk and root mounted (a copy of ``copy_from``'s for a fork).
         The row is listed (``creating``) before the mounts, so its name is taken meanwhile."""
         sandbox_id = f"sb-{new_ulid().lower()}"
+        host_uid = self.ids.take(sandbox_id) if self.isolation else -1
         sb = Sandbox(
             id=sandbox_id,
             name=name,
             shape=shape,
             rootfs=rootfs,
             image=image,
-            layout=GuestLayout(self.sandboxes_dir / sandbox_id),
+            layout=GuestLayout(self.sandboxes_dir / sandbox_id, host_uid=host_uid),
             cgroups=self.cgroups.create(sandbox_id, shape.mem_mib),
             ip=self._next_ip(),
             disk_mib=disk_mib,
@@ -200,15 +208,19 @@ class Store:
         source = copy_from.layout if copy_from is not None else None
         sb.mounting = True
         try:
-            await asyncio.to_thread(sb.layout.create, image, disk_mib, self.isolation, source)
+            await asyncio.to_thread(
+                sb.layout.create, image, disk_mib, self.isolation, source, not self.ids.shared
+            )
         except (OSError, subprocess.CalledProcessError) as exc:
             sb.status = "failed"
             sb.cgroups.remove()
+            self.ids.give_back(host_uid, sandbox_id)
             raise ApiError(500, f"could not create the guest's disk: {exc}") from exc
         finally:
             sb.mounting = False
         if sb.terminal or sb.status == "destroying":  # deleted while its disk was being made
             await asyncio.to_thread(sb.layout.remove)
+            self.ids.give_back(host_uid, sandbox_id)
         return sb
 
     def mark_running(self, sb: Sandbox, started: float) -> None:
@@ -326,12 +338,13 @@ class Store:
         sb.cgroups.kill_all()
         sb.layout.kill_init()
 
-    @staticmethod
-    def _release(sb: Sandbox) -> None:
-        """Free the cgroups and remove the files (blocking: run it off the event loop)."""
+    def _release(self, sb: Sandbox) -> None:
+        """Free the cgroups, remove the files and hand the guest's host uid back (its
+        processes are gone with its PID 1). Blocking: run it off the event loop."""
         sb.cgroups.remove()
         if not sb.mounting:  # else new_row removes them once the mounts are done
             sb.layout.remove()
+            self.ids.give_back(sb.layout.host_uid, sb.id)
 
     @staticmethod
     def _finish(sb: Sandbox) -> None:
@@ -348,6 +361,11 @@ class Store:
             if not sb.terminal:
                 self._kill(sb)
                 doomed.append(sb)
-        await asyncio.to_thread(lambda: [self._release(sb) for sb in doomed])
+
+        def release_all() -> None:
+            for sb in doomed:
+                self._release(sb)
+
+        await asyncio.to_thread(release_all)
         for sb in doomed:
             self._finish(sb)

@@ -258,7 +258,8 @@ def test_the_guest_is_root_in_its_own_user_namespace(
     assert "Read-only file system" in lines[5] or "Permission denied" in lines[5], out  # the host's /usr
     assert lines[6].split()[1] != "0000000000000000"  # capabilities, in its own namespace
     written = cp.guest_file(sandbox["id"], "/root/r").stat()
-    assert (written.st_uid, written.st_gid) == (65534, 65534)  # root inside is the host's nobody
+    host_uid = next(row["host_uid"] for row in cp.sandboxes() if row["id"] == sandbox["id"])
+    assert (written.st_uid, written.st_gid) == (host_uid, host_uid)  # root inside: its own host uid
     upload = client.put(
         f"/v1/sandboxes/{sandbox['id']}/files", params={"path": "/root/up/f.txt"}, content=b"x"
     )

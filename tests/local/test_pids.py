@@ -63,7 +63,7 @@ def test_a_stale_guest_init_cannot_kill_the_process_that_took_its_numbers(
         init.proc = SimpleNamespace(pid=neighbour.pid, returncode=launcher.returncode)  # type: ignore[assignment]
         assert not init.alive
         with pytest.raises(OSError):
-            init.namespace_fds()  # would join the neighbour's namespaces
+            init.pid_namespace()  # would join the neighbour's PID namespace
         init.kill()
         init.kill()  # idempotent
 

@@ -69,7 +69,7 @@ def _exec_request(sb: Sandbox, cmd: str, args: list[str], env: dict[str, str]) -
         hostname=sb.name or sb.id,
         layout=sb.layout,
         image=sb.image,
-        egress=list(sb.egress),
+        egress=sb.egress_rules,
         env=guest_env,
         cmd=cmd,
         args=args,

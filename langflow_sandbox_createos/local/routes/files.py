@@ -10,7 +10,6 @@ from starlette.responses import Response
 
 from ..envelope import ApiError, success
 from ..files import FileDescriptorResponse, normalise, open_for_read, open_upload
-from ..images import HOST_GUEST_GID, HOST_GUEST_UID
 from .parsing import authorized, sandbox
 
 
@@ -23,7 +22,7 @@ async def put(request: Request) -> Response:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > cap:
         raise ApiError(413, f"file exceeds the {cap}-byte upload limit", "file_too_large")
-    owner = (HOST_GUEST_UID, HOST_GUEST_GID) if plane.config.isolation else None
+    owner = (sb.layout.host_uid, sb.layout.host_uid) if plane.config.isolation else None
     upload = open_upload(sb.layout.fs, guest_path, owner)
     size = 0
     try:
