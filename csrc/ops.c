@@ -172,6 +172,27 @@ static double seconds(long ms)
     return (double)ms / 1000.0;
 }
 
+/* A sandbox id as Python is shown it (exc.sandbox_id, ExecResult.sandbox_id, the ids of
+ * drain_deletes): through the one sanitizer, like every string that reaches Python. An id
+ * the sanitizer leaves alone (every id create accepts) comes out whole; one a caller passed
+ * in may hold anything, and comes out escaped, redacted, cut with "..." to fit. */
+static void shown_id(char dst[COS_ID_MAX], const char *id, const char *key)
+{
+    char in[COS_ID_MAX], out[COS_ID_MAX + 16];
+    cos_strlcpy(in, id, sizeof in); /* dst may be id */
+    cos_sanitize(out, sizeof out, in, strlen(in), key, COS_ID_MAX);
+    if (strlen(out) < COS_ID_MAX)
+        memcpy(dst, out, strlen(out) + 1);
+    else
+        cos_sanitize(dst, COS_ID_MAX, in, strlen(in), key, COS_ID_MAX);
+}
+
+/* The guest an error names (exc.sandbox_id). */
+static void name_guest(cos_ctx *c, const char *id)
+{
+    shown_id(c->err->sandbox_id, id, c->cfg->key);
+}
+
 /* Give the binding a turn; once it asked to stop, never again. */
 static int slice(cos_ctx *c, cos_exec_out *xo)
 {
@@ -567,6 +588,7 @@ static int has_control(const char *s, size_t n)
 int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
 {
     json_t *id;
+    int clean;
     if (object_call(c, "create", "POST", make_url(c->cfg, "/v1/sandboxes"), spec,
                     timeout_ms > 0 ? timeout_ms : c->cfg->control_ms, out) < 0)
         return -1;
@@ -579,6 +601,17 @@ int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
         cos_err_set(
             c->err, COS_E_PROTOCOL,
             "create failed: the sandbox id in the response holds a NUL or control character");
+    } else if ((clean = cos_sanitize_unchanged(json_string_value(id), json_string_length(id),
+                                               c->cfg->key)) == 0) {
+        /* an id is shown as it is (exceptions, ExecResult, drain_deletes, logs): one the
+         * sanitizer would change (a run of the key, a C1 control, U+2028/9, a bidi
+         * override) is refused, never passed on, and never quoted */
+        cos_err_set(c->err, COS_E_PROTOCOL,
+                    "create failed: the sandbox id in the response holds a run of the API key or "
+                    "a character that cannot be shown as it is (a C1 control, a line separator, "
+                    "a bidirectional override)");
+    } else if (clean < 0) {
+        nomem(c, "create");
     } else {
         return 0;
     }
@@ -644,7 +677,7 @@ int cos_op_resume(cos_ctx *c, const char *id, long wait_ms, json_t **out)
             if (strcmp(s, fatal[i]) == 0) {
                 cos_err_set(c->err, COS_E_UNAVAILABLE,
                             "resume failed: sandbox entered state \"%s\" while resuming", s);
-                cos_strlcpy(c->err->sandbox_id, id, sizeof c->err->sandbox_id);
+                name_guest(c, id);
                 goto fail;
             }
         }
@@ -655,7 +688,7 @@ int cos_op_resume(cos_ctx *c, const char *id, long wait_ms, json_t **out)
             cos_err_set(c->err, COS_E_DEADLINE,
                         "resume failed: sandbox not running after %.1f s (state \"%s\")",
                         seconds(wait_ms), state);
-            cos_strlcpy(c->err->sandbox_id, id, sizeof c->err->sandbox_id);
+            name_guest(c, id);
             goto fail;
         }
         if (sleep_slices(c, delay) < 0)
@@ -1077,6 +1110,15 @@ static cos_req *delete_req(cos_engine *eng, const cos_cfg *cfg, const char *id, 
     return r;
 }
 
+/* Record a background delete's outcome for drain_deletes, its id as Python is shown it. */
+static void record_outcome(cos_engine *eng, const cos_cfg *cfg, const char *id, long status,
+                           const char *error)
+{
+    char shown[COS_ID_MAX];
+    shown_id(shown, id, cfg->key);
+    cos_engine_add_outcome(eng, shown, status, error);
+}
+
 /* The result of a delete as (status, error text or NULL): 404 counts as done. */
 static const char *delete_verdict(cos_req *r, const cos_cfg *cfg, cos_err *err)
 {
@@ -1124,7 +1166,7 @@ static void bg_delete_done(cos_req *r)
         if (again != NULL)
             cos_engine_release(eng, again);
     }
-    cos_engine_add_outcome(eng, r->orphan_id, r->meta.status, verdict);
+    record_outcome(eng, r->orphan_cfg, r->orphan_id, r->meta.status, verdict);
 }
 
 /* Queue a delete in the background. attempt 0 may be retried once (bg_delete_done);
@@ -1139,7 +1181,7 @@ static int delete_background(cos_ctx *c, const char *id, int attempt)
     if (r == NULL) {
         /* never sent (no helper thread, out of memory): a failed delete, which the
          * caller's drain_deletes reports, never a silent one */
-        cos_engine_add_outcome(c->eng, id, 0, c->err->msg);
+        record_outcome(c->eng, c->cfg, id, 0, c->err->msg);
         return -1;
     }
     cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
@@ -1207,7 +1249,9 @@ done:
     if (have_guest) {
         run_cleanup(c, sandbox_id_out, delete_background);
         if (rc < 0)
-            cos_strlcpy(c->err->sandbox_id, sandbox_id_out, sizeof c->err->sandbox_id);
+            name_guest(c, sandbox_id_out);
+        /* from here on the id is only shown (ExecResult.sandbox_id) */
+        shown_id(sandbox_id_out, sandbox_id_out, c->cfg->key);
     }
     json_decref(view);
     return rc;
