@@ -44,7 +44,7 @@ static size_t header_cb(char *line, size_t size, size_t nitems, void *ud)
         atomic_store(&r->stream_started, 0);
         break;
     case COS_HDR_CONTENT_LENGTH:
-        if (r->mode == COS_RESP_DOWNLOAD && is_2xx(r->meta.status) &&
+        if (r->mode != COS_RESP_STREAM && is_2xx(r->meta.status) &&
             length > (unsigned long long)r->body_cap) {
             r->declared_over_cap = 1;
             return 0; /* refuse before a byte of the body */

@@ -328,9 +328,9 @@ static void transport_error(cos_ctx *c, cos_req *r, const char *op)
         cos_err_set(err, COS_E_NOMEM, "%s failed: out of memory while receiving", op);
         return;
     }
-    if (r->over_cap) {
-        cos_err_set(err, COS_E_PROTOCOL, "%s failed: response body larger than %zu bytes", op,
-                    r->body_cap);
+    if (r->over_cap || r->declared_over_cap) {
+        cos_err_set(err, COS_E_PROTOCOL, "%s failed: response body larger than %zu bytes%s", op,
+                    r->body_cap, r->declared_over_cap ? " (declared; nothing was read)" : "");
         return;
     }
     /* CURLE_SEND_ERROR with a status: the server answered and closed while the request
@@ -1009,21 +1009,30 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
     cos_req_spec spec;
     cos_req *r = NULL;
     json_t *data = NULL;
-    size_t limit = xo->out[0].buf.max;
     int rc = -1;
 
     if (exec_request(c, id, a, 0, timeout_ms, &spec) < 0)
         return -1;
     spec.mode = COS_RESP_JSON;
-    /* 4 x max_output + 1 MiB holds both streams at the cap when JSON escapes each
-     * byte into at most 2 (text: '"', '\\', and non-ASCII as is). Escaped control
-     * characters take 6 bytes (\u0001) and \u-escaped non-ASCII 2-3 times its
-     * UTF-8: such output near the cap can pass it, and the answer is then refused
-     * as ProtocolError (streaming exec, which has no body cap, is not affected). */
-    spec.body_cap =
-        limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
+    /* The whole answer is one JSON document, parsed whole before max_output_bytes can cut
+     * anything: its cap is the parser's (64 MiB), whatever max_output_bytes allows. A
+     * Content-Length above it is refused from the headers, a body passing it as soon as it
+     * does (streaming exec, which has no body cap, is not affected). */
+    spec.body_cap = COS_JSON_BODY_MAX;
     if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
+    if (r->over_cap || r->declared_over_cap) {
+        cos_err_set(c->err, COS_E_PROTOCOL,
+                    "exec failed: HTTP %ld: the control plane has no streaming exec, and its "
+                    "buffered answer is larger than %zu MiB, the most the client parses (%s); "
+                    "output this large needs a control plane with streaming exec",
+                    r->meta.status, (size_t)(COS_JSON_BODY_MAX >> 20),
+                    r->declared_over_cap ? "declared by its Content-Length; nothing was read"
+                                         : "the transfer was stopped there");
+        cos_strlcpy(c->err->code, "too_large", sizeof c->err->code);
+        c->err->status = r->meta.status;
+        goto done;
+    }
     if (r->rc != CURLE_OK) {
         transport_error(c, r, op);
         goto done;

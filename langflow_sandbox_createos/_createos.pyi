@@ -194,8 +194,9 @@ class Client:
         stdout and stderr are each capped at max_output_bytes (cut on a UTF-8
         boundary, *_truncated set); the rest of the stream is read and dropped, so
         memory stays near the cap whatever the guest prints. A buffered (non
-        streaming) answer larger than 4 x max_output_bytes + 1 MiB (at least 64
-        MiB) cannot be parsed within the cap and raises ProtocolError.
+        streaming) answer is one JSON document parsed whole: over 64 MiB it
+        raises ProtocolError (code "too_large") as soon as it passes, whatever
+        max_output_bytes allows (from its Content-Length, before any body byte).
         on_output receives what arrived since the previous wait (at most every
         ~100 ms, or as soon as output arrives), stdout before stderr within one
         delivery; an exception from it (or KeyboardInterrupt) cancels the request
