@@ -267,8 +267,15 @@ static CURLcode set_transport(CURL *easy, cos_req *r, const cos_cfg *cfg, CURLSH
 #endif
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-    if (cfg->ca_file != NULL)
+    if (cfg->ca_file != NULL) {
+        /* an HTTPS proxy's certificate is checked against the same bundle (else libcurl's
+         * compiled-in path: Debian's in the self-contained wheel, wrong on RHEL or SUSE); a
+         * libcurl without proxy support refuses the option, and has no proxy to check */
+        CURLcode pc = curl_easy_setopt(easy, CURLOPT_PROXY_CAINFO, cfg->ca_file);
         c |= curl_easy_setopt(easy, CURLOPT_CAINFO, cfg->ca_file);
+        if (pc != CURLE_UNKNOWN_OPTION && pc != CURLE_NOT_BUILT_IN)
+            c |= pc;
+    }
     if (share != NULL)
         c |= curl_easy_setopt(easy, CURLOPT_SHARE, share);
     c |= curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, r->errbuf);

@@ -45,7 +45,8 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A throwaway CA, a server certificate for localhost signed by it, and an unrelated CA."""
+    """A throwaway CA, a server certificate for localhost signed by it, and an unrelated CA
+    (self-signed, with its key: a certificate nothing trusts)."""
     d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
              "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
@@ -56,7 +57,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
              "-days", "2", "-extfile", "san.ext", "-out", "server.pem", cwd=d)  # fmt: skip
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=other-ca",
              "-keyout", "other.key", "-out", "other.pem", cwd=d)  # fmt: skip
-    return {name: d / f"{name}" for name in ("ca.pem", "server.pem", "server.key", "other.pem")}
+    return {name: d / f"{name}" for name in ("ca.pem", "server.pem", "server.key", "other.pem", "other.key")}
 
 
 SHIMS = Path(__file__).parent / "shims"
