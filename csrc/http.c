@@ -362,6 +362,7 @@ CURL *cos_req_free(cos_req *r)
     free_headers(r->headers);
     free(r->url);
     cos_buf_free(&r->body);
+    free(r->outcome); /* not recorded (a delete retried, or never sent): holds nothing */
     if (r->mode == COS_RESP_STREAM)
         cos_ndjson_free(&r->nd);
     pthread_cond_destroy(&r->cv);

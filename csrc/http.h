@@ -31,6 +31,7 @@ typedef enum {
 
 typedef struct cos_req cos_req;
 typedef void (*cos_req_done_fn)(cos_req *r);
+struct cos_outcome;
 
 typedef struct cos_req_spec {
     const char *method;
@@ -98,6 +99,7 @@ struct cos_req {
     const cos_cfg *orphan_cfg;
     int attempt;
     char orphan_id[COS_ID_MAX];
+    struct cos_outcome *outcome; /* a delete's: where its outcome is recorded (engine.h) */
 
     cos_req *next;
 };

@@ -1111,6 +1111,13 @@ static cos_req *delete_req(cos_engine *eng, const cos_cfg *cfg, const char *id, 
     free(url);
     if (r == NULL)
         return NULL;
+    /* where its outcome goes, made now: recording it when the delete is over needs no
+     * memory, so an outcome is never lost to out-of-memory after the delete was sent */
+    if ((r->outcome = cos_outcome_new()) == NULL) {
+        cos_engine_release(eng, r);
+        nomem(&c, "delete");
+        return NULL;
+    }
     r->on_orphan_done = bg_delete_done;
     r->orphan_engine = eng;
     r->orphan_cfg = cfg;
@@ -1119,13 +1126,16 @@ static cos_req *delete_req(cos_engine *eng, const cos_cfg *cfg, const char *id, 
     return r;
 }
 
-/* Record a background delete's outcome for drain_deletes, its id as Python is shown it. */
-static void record_outcome(cos_engine *eng, const cos_cfg *cfg, const char *id, long status,
-                           const char *error)
+/* Record a background delete's outcome for drain_deletes, its id as Python is shown it;
+ * *node (made with the request, or NULL) is the engine's from now on. */
+static void record_outcome(cos_engine *eng, const cos_cfg *cfg, cos_outcome **node, const char *id,
+                           long status, const char *error)
 {
     char shown[COS_ID_MAX];
     shown_id(shown, id, cfg->key);
-    cos_engine_add_outcome(eng, shown, status, error);
+    cos_engine_add_outcome(eng, node ? *node : NULL, shown, status, error);
+    if (node)
+        *node = NULL;
 }
 
 /* The result of a delete as (status, error text or NULL): 404 counts as done. */
@@ -1175,7 +1185,7 @@ static void bg_delete_done(cos_req *r)
         if (again != NULL)
             cos_engine_release(eng, again);
     }
-    record_outcome(eng, r->orphan_cfg, r->orphan_id, r->meta.status, verdict);
+    record_outcome(eng, r->orphan_cfg, &r->outcome, r->orphan_id, r->meta.status, verdict);
 }
 
 /* Queue a delete in the background. attempt 0 may be retried once (bg_delete_done);
@@ -1190,7 +1200,7 @@ static int delete_background(cos_ctx *c, const char *id, int attempt)
     if (r == NULL) {
         /* never sent (no helper thread, out of memory): a failed delete, which the
          * caller's drain_deletes reports, never a silent one */
-        record_outcome(c->eng, c->cfg, id, 0, c->err->msg);
+        record_outcome(c->eng, c->cfg, NULL, id, 0, c->err->msg);
         return -1;
     }
     cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
