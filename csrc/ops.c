@@ -369,6 +369,7 @@ static void transport_error(cos_ctx *c, cos_req *r, const char *op)
     case CURLE_SSL_CERTPROBLEM:
     case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
     case CURLE_UNSUPPORTED_PROTOCOL:
+    case CURLE_NOT_BUILT_IN: /* a SOCKS proxy, which the self-contained build has not */
     case CURLE_URL_MALFORMAT:
     case CURLE_TOO_MANY_REDIRECTS:
         kind = COS_E_UNAVAILABLE;
