@@ -58,8 +58,8 @@ def run_buffered(server: RawServer) -> tuple[E.ProtocolError, int]:
 
 def test_a_declared_body_over_the_cap_is_refused_before_it_is_read(server: RawServer, body: bytes) -> None:
     """Fails on ac8509d: the whole 66 MiB body was read, then refused by the parser."""
-    server.response = lambda req: no_streaming(req) or answer(
-        "200 OK", ["Content-Type: application/json"], body
+    server.response = lambda req: (
+        no_streaming(req) or answer("200 OK", ["Content-Type: application/json"], body)
     )
     exc, received = run_buffered(server)
     assert exc.code == "too_large", exc
@@ -86,8 +86,8 @@ def test_a_buffered_answer_under_the_cap_keeps_max_output_bytes(server: RawServe
     """Within the cap, max_output_bytes still cuts each stream, with its note."""
     result = {"result": {"stdout": "y" * (3 * MiB), "stderr": "e", "exit_code": 0}, "exec_ms": 1}
     data = json.dumps({"status": "success", "data": result}).encode()
-    server.response = lambda req: no_streaming(req) or answer(
-        "200 OK", ["Content-Type: application/json"], data
+    server.response = lambda req: (
+        no_streaming(req) or answer("200 OK", ["Content-Type: application/json"], data)
     )
     with E.Client(server.url, KEY, control_timeout=30) as client:
         r = client.exec("sb-1", "yes", timeout=30, max_output_bytes=MiB)
