@@ -16,6 +16,8 @@ import pytest
 from langflow_sandbox_createos import _createos
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
+from .rawserver import RawServer
+
 SHAPE = "s-1vcpu-256mb"
 
 
@@ -24,6 +26,16 @@ def client(cp: LocalControlPlane) -> Iterator[_createos.Client]:
     c = _createos.Client(cp.url, cp.api_key, connect_timeout=5.0, control_timeout=20.0)
     yield c
     c.close()
+
+
+@pytest.fixture
+def server() -> Iterator[RawServer]:
+    """A scripted control plane on loopback (rawserver.py): set its `response`."""
+    s = RawServer()
+    try:
+        yield s
+    finally:
+        s.close()
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ refused anything over 64 MiB ("response body too large"). A scripted control pla
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -37,15 +36,6 @@ def no_streaming(req: Request) -> bytes | None:
 @pytest.fixture(scope="module")
 def body() -> bytes:
     return buffered_body()
-
-
-@pytest.fixture
-def server() -> Iterator[RawServer]:
-    s = RawServer()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def run_buffered(server: RawServer) -> tuple[E.ProtocolError, int]:

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +56,6 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if "libasan" in os.environ.get("LD_PRELOAD", ""):
         pytest.skip("under AddressSanitizer its allocator answers before the shim")
     return build_shim(tmp_path_factory, "fail_alloc")
-
-
-@pytest.fixture
-def server() -> Iterator[RawServer]:
-    s = RawServer()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def scripted(delete_status: str) -> Any:

@@ -13,7 +13,6 @@ a line separator (U+2028), a C1 NEL and a bidi override where a real one puts id
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -44,15 +43,6 @@ def assert_shown_safely(text: str | None) -> None:
     assert text is not None
     assert KEY[3:11].lower() not in text.lower(), text
     assert not any(c in text for c in HIDDEN), ascii(text)
-
-
-@pytest.fixture
-def server() -> Iterator[RawServer]:
-    s = RawServer()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
