@@ -147,10 +147,11 @@ static int call_finish(native_call *nc, int rc)
     return 0;
 }
 
-/* call_finish, then the operation's JSON (taken) as a Python value. */
+/* call_finish, then the operation's JSON (taken) as a Python value, the key redacted
+ * wherever the server echoed it (whoami, a view, a list row). */
 static PyObject *json_outcome(native_call *nc, int rc, json_t *out)
 {
-    PyObject *result = call_finish(nc, rc) == 0 ? cos_json_to_py(out) : NULL;
+    PyObject *result = call_finish(nc, rc) == 0 ? cos_json_to_py(out, nc->ctx.cfg->key) : NULL;
     json_decref(out);
     return result;
 }

@@ -223,15 +223,18 @@ static unsigned char text_char(const char *s, size_t n, size_t *i, int unescape)
 static size_t secret_run(const char *s, size_t n, const unsigned char *secret, size_t slen,
                          size_t min)
 {
-    size_t best = 0, j, first;
+    size_t best = 0, j, first, starts = slen - min + 1; /* a run starts at j < starts */
+    const unsigned char *p;
     int unescape;
     for (unescape = 0; unescape < 2; unescape++) {
         size_t at = 0;
         unsigned char c0 = text_char(s, n, &at, unescape);
-        for (j = 0; j + min <= slen; j++) {
-            size_t i = at, k = j + 1, end = at;
-            if (secret[j] != c0)
-                continue;
+        /* only where the secret has c0 (memchr: most text matches nowhere) */
+        for (p = memchr(secret, c0, starts); p != NULL;
+             p = j + 1 < starts ? memchr(secret + j + 1, c0, starts - j - 1) : NULL) {
+            size_t i = at, k, end = at;
+            j = (size_t)(p - secret);
+            k = j + 1;
             while (i < n && k < slen) {
                 first = i;
                 if (text_char(s, n, &i, unescape) != secret[k]) {
@@ -257,12 +260,38 @@ typedef struct {
     char esc[8];
 } san_step;
 
-static void escape_step(san_step *st, const unsigned char *s, size_t n)
+/* The code point of a well-formed sequence s[0..seq) that is escaped as \uHHHH, else 0:
+ * C1 controls, the line and paragraph separators (U+2028/9) and the bidirectional
+ * formatting characters (Unicode's Bidi_Control: U+061C, U+200E/F, U+202A-E, U+2066-9),
+ * which reorder what a terminal or a log viewer shows after them. */
+static unsigned escaped_code_point(const unsigned char *s, size_t seq)
+{
+    if (seq == 2 && s[0] == 0xC2 && s[1] < 0xA0)
+        return s[1]; /* C1 control */
+    if (seq == 2 && s[0] == 0xD8 && s[1] == 0x9C)
+        return 0x061Cu; /* Arabic letter mark */
+    if (seq == 3 && s[0] == 0xE2 && s[1] == 0x80 &&
+        (s[2] == 0x8E || s[2] == 0x8F || (s[2] >= 0xA8 && s[2] <= 0xAE)))
+        return 0x2000u | (s[2] - 0x80u); /* LRM, RLM; U+2028/9; LRE, RLE, PDF, LRO, RLO */
+    if (seq == 3 && s[0] == 0xE2 && s[1] == 0x81 && s[2] >= 0xA6 && s[2] <= 0xA9)
+        return 0x2040u | (s[2] - 0x80u); /* LRI, RLI, FSI, PDI */
+    return 0;
+}
+
+/* The step for the character at s: with escape, its escape when it is a control
+ * character or ill-formed; else (or when it needs none) the character as it is. */
+static void escape_step(san_step *st, const unsigned char *s, size_t n, int escape)
 {
     size_t seq = cos_utf8_seq(s, n);
     unsigned cp = 0;
     st->piece = st->esc;
     st->consumed = seq ? seq : 1;
+    if (!escape) {
+        st->piece = (const char *)s; /* redaction only: every byte kept, NUL included */
+        st->len = st->consumed;
+        st->chars = 1;
+        return;
+    }
     if (seq == 0) {
         memcpy(st->esc, "?", 2); /* ill-formed: one byte at a time, never the ASCII after it */
     } else if (seq == 1 && (s[0] < 0x20 || s[0] == 0x7F)) {
@@ -273,11 +302,7 @@ static void escape_step(san_step *st, const unsigned char *s, size_t n)
                                     : 't');
         else
             snprintf(st->esc, sizeof st->esc, "\\x%02x", s[0]);
-    } else if (seq == 2 && s[0] == 0xC2 && s[1] < 0xA0) {
-        cp = s[1]; /* C1 control */
-    } else if (seq == 3 && s[0] == 0xE2 && s[1] == 0x80 && (s[2] == 0xA8 || s[2] == 0xA9)) {
-        cp = 0x2000u | (s[2] == 0xA8 ? 0x28u : 0x29u); /* line / paragraph separator */
-    } else {
+    } else if ((cp = escaped_code_point(s, seq)) == 0) {
         st->piece = (const char *)s;
         st->len = seq;
         st->chars = 1;
@@ -289,12 +314,13 @@ static void escape_step(san_step *st, const unsigned char *s, size_t n)
     st->chars = st->len;
 }
 
-/* One pass: runs of the secret become the mark, control characters and ill-formed
- * bytes their escapes, at most maxchars characters (then "..."). 1 when it wrote text
- * of its own (a mark, an escape, the cut); 0 when dst is src, whole and unchanged. */
-static int sanitize_pass(char *dst, size_t dstcap, const char *src, size_t srclen,
+/* One pass: runs of the secret become the mark, with escape control characters and
+ * ill-formed bytes their escapes, at most maxchars characters (then "..."); *outlen is the
+ * length written (dst is NUL-terminated too). 1 when it wrote text of its own (a mark, an
+ * escape, the cut); 0 when dst is src, whole and unchanged. */
+static int sanitize_pass(char *dst, size_t dstcap, size_t *outlen, const char *src, size_t srclen,
                          const unsigned char *folded, size_t slen, size_t piece_min,
-                         size_t maxchars)
+                         size_t maxchars, int escape)
 {
     static const char mark[] = "[redacted]";
     size_t i = 0, o = 0, chars = 0;
@@ -308,7 +334,7 @@ static int sanitize_pass(char *dst, size_t dstcap, const char *src, size_t srcle
             st.len = st.chars = sizeof mark - 1;
             st.consumed = run;
         } else {
-            escape_step(&st, (const unsigned char *)src + i, srclen - i);
+            escape_step(&st, (const unsigned char *)src + i, srclen - i, escape);
         }
         /* room for "..." and the NUL stays */
         if (chars + st.chars > maxchars || o + st.len > dstcap - 4) {
@@ -326,6 +352,7 @@ static int sanitize_pass(char *dst, size_t dstcap, const char *src, size_t srcle
         o += 3;
     }
     dst[o] = '\0';
+    *outlen = o;
     return ours | cut;
 }
 
@@ -340,48 +367,141 @@ static int has_secret_run(const char *s, size_t n, const unsigned char *folded, 
     return 0;
 }
 
+/* Whether s[0..n) may hold a run of the secret: 0 only when it holds none. Text without a
+ * backslash (no JSON escape to read through) holds a run exactly when some stretch of as
+ * many bytes as a run needs (8, or the whole key when shorter) is, folded, one of the key's
+ * stretches of that length: each of the text's stretches, packed into a word, is looked up
+ * in a table of the key's (at most 505), one multiply and a probe or two a byte, where
+ * looking for runs costs a comparison or more per byte per place the key could start. Text
+ * with a backslash is left to that search. */
+static int may_hold_secret(const char *s, size_t n, const char *secret)
+{
+    uint64_t table[1024] = {0}, v = 0, mask;
+    size_t slen = strlen(secret), need = slen < SECRET_PIECE_MIN ? slen : SECRET_PIECE_MIN;
+    size_t i, k;
+
+    if (need == 0 || n < need)
+        return 0;
+    if (memchr(s, '\\', n) != NULL)
+        return 1;
+    mask = need == 8 ? ~(uint64_t)0 : (((uint64_t)1 << (8 * need)) - 1);
+    for (i = 0; i < slen; i++) { /* the key's stretches; printable ASCII: never the word 0 */
+        v = ((v << 8) | ascii_lower((unsigned char)secret[i])) & mask;
+        if (i + 1 >= need) {
+            for (k = (size_t)((v * 0x9E3779B97F4A7C15u) >> 54); table[k] != 0 && table[k] != v;)
+                k = (k + 1) & 1023;
+            table[k] = v;
+        }
+    }
+    v = 0;
+    for (i = 0; i < n; i++) {
+        v = ((v << 8) | ascii_lower((unsigned char)s[i])) & mask;
+        if (i + 1 < need)
+            continue;
+        for (k = (size_t)((v * 0x9E3779B97F4A7C15u) >> 54); table[k] != 0; k = (k + 1) & 1023)
+            if (table[k] == v)
+                return 1;
+    }
+    return 0;
+}
+
 /* An escape written next to text from the server can complete a run of the key (the
  * "f" of "\x7f" before "UZZ-SEC" spells "fUZZ-SEC": found by fuzz_exec_result), and so can
  * the mark. So the output is passed again until it holds no run; text that still does
  * after SANITIZE_PASSES passes, or that there is no memory to pass again, is withheld. */
 #define SANITIZE_PASSES 4
 
-void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
-                  size_t maxchars)
+/* cos_sanitize, or with escape 0 the redaction alone; *outlen is the length written.
+ * 1 when the output differs from the input, else 0. */
+static int sanitize_text(char *dst, size_t dstcap, size_t *outlen, const char *src, size_t srclen,
+                         const char *secret, size_t maxchars, int escape)
 {
     static const char withheld[] = "[withheld: text cannot be redacted]";
     unsigned char folded[COS_KEY_MAX + 1];
-    size_t slen = 0, piece_min, k, n;
+    size_t slen = 0, piece_min, k, n = 0;
     char *again = NULL;
-    int pass, ours;
+    int pass, ours = 1;
 
+    *outlen = 0;
     if (dstcap < sizeof withheld) {
         if (dstcap)
             dst[0] = '\0';
-        return;
+        return 1;
     }
     if (secret != NULL && (slen = strlen(secret)) > COS_KEY_MAX)
         goto withhold; /* fail closed: a key redaction cannot cover never reaches a message */
     for (k = 0; k < slen; k++)
         folded[k] = ascii_lower((unsigned char)secret[k]);
     piece_min = slen < SECRET_PIECE_MIN ? slen : SECRET_PIECE_MIN;
-    ours = sanitize_pass(dst, dstcap, src, srclen, folded, slen, piece_min, maxchars);
+    ours = sanitize_pass(dst, dstcap, &n, src, srclen, folded, slen, piece_min, maxchars, escape);
     /* text copied unchanged holds no run (the pass looked at each of its characters):
      * only what the pass wrote of its own can have made one */
-    for (pass = 1; ours && has_secret_run(dst, n = strlen(dst), folded, slen, piece_min); pass++) {
+    for (pass = 1; ours && has_secret_run(dst, n, folded, slen, piece_min); pass++) {
         if (pass == SANITIZE_PASSES || (again == NULL && (again = malloc(dstcap)) == NULL))
             goto withhold;
         memcpy(again, dst, n + 1);
         /* the text is clean already: only runs change (the mark may make it longer than
          * maxchars: then it is cut again, and still ends in one "...") */
-        ours = sanitize_pass(dst, dstcap, again, n, folded, slen, piece_min, maxchars);
+        sanitize_pass(dst, dstcap, &n, again, n, folded, slen, piece_min, maxchars, escape);
     }
+    *outlen = n;
     goto done;
 withhold:
     memcpy(dst, withheld, sizeof withheld);
+    *outlen = sizeof withheld - 1;
 done:
     free(again);
     cos_wipe(folded, sizeof folded);
+    return ours;
+}
+
+void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, const char *secret,
+                  size_t maxchars)
+{
+    size_t n;
+    sanitize_text(dst, dstcap, &n, src, srclen, secret, maxchars, 1);
+}
+
+int cos_sanitize_unchanged(const char *s, size_t n, const char *secret)
+{
+    /* the buffer holds all of s and the longest step (the mark, 10 bytes) past it, and is
+     * never under what the sanitizer needs to write anything (its "withheld" text) */
+    size_t cap = n + 64, len;
+    char *out = malloc(cap);
+    int same;
+    if (out == NULL)
+        return -1;
+    same = sanitize_text(out, cap, &len, s, n, secret, n, 1) == 0;
+    free(out);
+    return same;
+}
+
+int cos_redact(cos_buf *out, const char *s, size_t n, const char *secret)
+{
+    /* a run becomes the mark: 10 characters for at least 8 of the key (of every shorter
+     * key); past 1.25 x the text's length plus 16 the result is cut, so the copy stays
+     * within 5 x + 64 bytes whatever the key */
+    size_t maxchars = n + n / 4 + 16, cap = 4 * maxchars + 16, len;
+    char *buf;
+    int changed = 0;
+
+    if (secret == NULL || secret[0] == '\0')
+        return 0;
+    /* the common case, text with no run, costs one pass of table lookups */
+    if (!may_hold_secret(s, n, secret))
+        return 0;
+    if ((buf = malloc(cap)) == NULL)
+        return -1;
+    changed = sanitize_text(buf, cap, &len, s, n, secret, maxchars, 0);
+    if (changed) {
+        cos_buf_free(out);
+        out->data = buf;
+        out->len = len;
+        out->cap = cap;
+    } else {
+        free(buf);
+    }
+    return changed;
 }
 
 int cos_sanitize_buf(cos_buf *b, const char *src, size_t srclen, const char *secret,

@@ -124,7 +124,9 @@ size_t cos_utf8_trim(const char *s, size_t n);
  *   in any case, raw or JSON-escaped (a server may reflect the header cut short
  *   or case-folded), becomes "[redacted]";
  * - control characters are escaped: \n \r \t, other C0 controls and DEL as
- *   \xHH, C1 controls and U+2028/U+2029 as \uHHHH (no log injection);
+ *   \xHH, C1 controls, U+2028/U+2029 and the bidirectional formatting characters
+ *   (U+061C, U+200E/F, U+202A-E, U+2066-9) as \uHHHH (no log injection, no text
+ *   shown reordered);
  * - every byte of an ill-formed UTF-8 sequence becomes '?': the output is valid
  *   UTF-8 by construction;
  * - at most maxchars characters are kept, "..." appended when cut; nothing is
@@ -138,6 +140,16 @@ void cos_sanitize(char *dst, size_t dstcap, const char *src, size_t srclen, cons
  * 0, or -1 on ENOMEM (b unchanged). */
 int cos_sanitize_buf(cos_buf *b, const char *src, size_t srclen, const char *secret,
                      size_t maxchars);
+/* 1 when cos_sanitize(s, n, secret, n characters) gives s back unchanged (no run of the
+ * secret, nothing escaped or replaced), 0 when it would change it, -1 on ENOMEM. What a
+ * server names things by (a sandbox id) must pass it: it is shown as it is. */
+int cos_sanitize_unchanged(const char *s, size_t n, const char *secret);
+/* The redaction of cos_sanitize alone, for the strings of a success answer (data, which
+ * keeps its NUL and control characters): when s[0..n) holds a run of the secret, out gets
+ * s with each run replaced by "[redacted]" (cut with "..." past 1.25 x n + 16 characters,
+ * reachable only with a secret shorter than 8) and 1 is returned; 0 when s holds none (out
+ * untouched), -1 on ENOMEM. */
+int cos_redact(cos_buf *out, const char *s, size_t n, const char *secret);
 /* Sanitize the exec error in place, once the exec is over (mutex taken). */
 int cos_exec_out_seal(cos_exec_out *x, const char *secret);
 /* ASCII only, whatever the process locale: setlocale() (which an application may

@@ -590,19 +590,41 @@ int cos_engine_abandon(cos_engine *e, cos_req *r)
     return done;
 }
 
-void cos_engine_add_outcome(cos_engine *e, const char *id, long status, const char *error)
+/* The error of an outcome whose own text could not be copied (out of memory). */
+static const char outcome_error_nomem[] =
+    "delete failed (its error text was lost: out of memory while recording it)";
+
+cos_outcome *cos_outcome_new(void)
 {
-    cos_outcome *o, *old = NULL;
-    if (cos_engine_forked(e))
+    return calloc(1, sizeof(cos_outcome));
+}
+
+void cos_engine_add_outcome(cos_engine *e, cos_outcome *o, const char *id, long status,
+                            const char *error)
+{
+    cos_outcome *old = NULL;
+    if (cos_engine_forked(e)) {
+        cos_outcomes_free(o);
         return;
-    o = calloc(1, sizeof *o);
+    }
     if (o == NULL)
-        return;
-    cos_strlcpy(o->id, id, sizeof o->id);
-    o->status = status;
-    o->error = error ? strdup(error) : NULL;
+        o = cos_outcome_new();
+    if (o != NULL) {
+        o->next = NULL;
+        cos_strlcpy(o->id, id, sizeof o->id);
+        o->status = status;
+        o->error = NULL;
+        if (error != NULL && (o->error = strdup(error)) == NULL)
+            o->error = (char *)outcome_error_nomem; /* still a failure, never a success */
+    }
     pthread_mutex_lock(&e->mu);
     e->stats[error ? COS_STAT_DELETES_FAILED : COS_STAT_DELETES_DONE]++;
+    if (o == NULL) {
+        /* no memory to hold it: counted, never silent */
+        e->stats[COS_STAT_OUTCOMES_DROPPED]++;
+        pthread_mutex_unlock(&e->mu);
+        return;
+    }
     if (e->n_outcomes >= COS_MAX_OUTCOMES) {
         /* nobody drains: keep the newest, count what was dropped */
         old = e->outcomes;
@@ -667,7 +689,8 @@ void cos_outcomes_free(cos_outcome *o)
 {
     while (o != NULL) {
         cos_outcome *next = o->next;
-        free(o->error);
+        if (o->error != outcome_error_nomem)
+            free(o->error);
         free(o);
         o = next;
     }

@@ -83,7 +83,15 @@ void cos_engine_stat_add(cos_engine *e, cos_stat which, uint64_t n);
 void cos_engine_stats(cos_engine *e, uint64_t out[COS_STAT_COUNT]);
 
 /* Background deletes: record an outcome (the driver), count, wait, drain. */
-void cos_engine_add_outcome(cos_engine *e, const char *id, long status, const char *error);
+/* A node for one outcome, made with the delete's request so that recording the outcome
+ * needs no memory; NULL on ENOMEM. */
+cos_outcome *cos_outcome_new(void);
+/* Record an outcome (error NULL: deleted) in node (taken; NULL: one is made here). Out of
+ * memory never turns a failure into a success: an error text that cannot be copied is
+ * replaced by one that says so, and an outcome with no node to hold it is counted
+ * (deletes_failed or deletes_done, and outcomes_dropped). */
+void cos_engine_add_outcome(cos_engine *e, cos_outcome *node, const char *id, long status,
+                            const char *error);
 size_t cos_engine_pending_deletes(cos_engine *e);
 /* Wait up to ms for the pending count to reach zero; returns it. */
 size_t cos_engine_wait_deletes(cos_engine *e, double ms);

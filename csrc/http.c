@@ -44,7 +44,7 @@ static size_t header_cb(char *line, size_t size, size_t nitems, void *ud)
         atomic_store(&r->stream_started, 0);
         break;
     case COS_HDR_CONTENT_LENGTH:
-        if (r->mode == COS_RESP_DOWNLOAD && is_2xx(r->meta.status) &&
+        if (r->mode != COS_RESP_STREAM && is_2xx(r->meta.status) &&
             length > (unsigned long long)r->body_cap) {
             r->declared_over_cap = 1;
             return 0; /* refuse before a byte of the body */
@@ -267,8 +267,15 @@ static CURLcode set_transport(CURL *easy, cos_req *r, const cos_cfg *cfg, CURLSH
 #endif
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYPEER, 1L);
     c |= curl_easy_setopt(easy, CURLOPT_SSL_VERIFYHOST, 2L);
-    if (cfg->ca_file != NULL)
+    if (cfg->ca_file != NULL) {
+        /* an HTTPS proxy's certificate is checked against the same bundle (else libcurl's
+         * compiled-in path: Debian's in the self-contained wheel, wrong on RHEL or SUSE); a
+         * libcurl without proxy support refuses the option, and has no proxy to check */
+        CURLcode pc = curl_easy_setopt(easy, CURLOPT_PROXY_CAINFO, cfg->ca_file);
         c |= curl_easy_setopt(easy, CURLOPT_CAINFO, cfg->ca_file);
+        if (pc != CURLE_UNKNOWN_OPTION && pc != CURLE_NOT_BUILT_IN)
+            c |= pc;
+    }
     if (share != NULL)
         c |= curl_easy_setopt(easy, CURLOPT_SHARE, share);
     c |= curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, r->errbuf);
@@ -355,6 +362,7 @@ CURL *cos_req_free(cos_req *r)
     free_headers(r->headers);
     free(r->url);
     cos_buf_free(&r->body);
+    free(r->outcome); /* not recorded (a delete retried, or never sent): holds nothing */
     if (r->mode == COS_RESP_STREAM)
         cos_ndjson_free(&r->nd);
     pthread_cond_destroy(&r->cv);

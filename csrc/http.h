@@ -24,13 +24,14 @@ typedef struct cos_cfg {
 } cos_cfg;
 
 typedef enum {
-    COS_RESP_JSON,     /* capture up to body_cap; more is a protocol error */
+    COS_RESP_JSON,     /* capture up to body_cap; more (declared or received) is a protocol error */
     COS_RESP_STREAM,   /* a 2xx body goes through the NDJSON parser into xo */
     COS_RESP_DOWNLOAD, /* capture up to body_cap; more (declared or received) aborts */
 } cos_resp_mode;
 
 typedef struct cos_req cos_req;
 typedef void (*cos_req_done_fn)(cos_req *r);
+struct cos_outcome;
 
 typedef struct cos_req_spec {
     const char *method;
@@ -71,7 +72,8 @@ struct cos_req {
     cos_meta meta;
     cos_buf body;
     int over_cap;          /* the body passed body_cap */
-    int declared_over_cap; /* a 2xx Content-Length above body_cap, refused before the body */
+    int declared_over_cap; /* a 2xx Content-Length above body_cap (JSON, download): refused
+                              before the body */
     int write_failed;      /* out of memory while capturing */
     curl_off_t bytes_in;
     long connects;
@@ -97,6 +99,7 @@ struct cos_req {
     const cos_cfg *orphan_cfg;
     int attempt;
     char orphan_id[COS_ID_MAX];
+    struct cos_outcome *outcome; /* a delete's: where its outcome is recorded (engine.h) */
 
     cos_req *next;
 };

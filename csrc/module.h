@@ -88,7 +88,9 @@ PyObject *cos_make_result(cos_state *st, cos_exec_out *x, const char *sandbox_id
 PyObject *cos_decode(const char *s, size_t n);
 
 /* pyjson.c: conversions; NULL with a Python exception set */
-PyObject *cos_json_to_py(json_t *j);
+/* A server's answer as Python values; every string and key has runs of secret (the API
+ * key) redacted (cos_redact), and is otherwise kept (NUL included). */
+PyObject *cos_json_to_py(json_t *j, const char *secret);
 /* A JSON object (want_object) or array from a Python value, or NULL for None
  * (then *ok is 1); *ok is 0 with an exception set on error. */
 json_t *cos_arg_json(PyObject *o, int want_object, const char *what, int *ok);

@@ -172,6 +172,27 @@ static double seconds(long ms)
     return (double)ms / 1000.0;
 }
 
+/* A sandbox id as Python is shown it (exc.sandbox_id, ExecResult.sandbox_id, the ids of
+ * drain_deletes): through the one sanitizer, like every string that reaches Python. An id
+ * the sanitizer leaves alone (every id create accepts) comes out whole; one a caller passed
+ * in may hold anything, and comes out escaped, redacted, cut with "..." to fit. */
+static void shown_id(char dst[COS_ID_MAX], const char *id, const char *key)
+{
+    char in[COS_ID_MAX], out[COS_ID_MAX + 16];
+    cos_strlcpy(in, id, sizeof in); /* dst may be id */
+    cos_sanitize(out, sizeof out, in, strlen(in), key, COS_ID_MAX);
+    if (strlen(out) < COS_ID_MAX)
+        memcpy(dst, out, strlen(out) + 1);
+    else
+        cos_sanitize(dst, COS_ID_MAX, in, strlen(in), key, COS_ID_MAX);
+}
+
+/* The guest an error names (exc.sandbox_id). */
+static void name_guest(cos_ctx *c, const char *id)
+{
+    shown_id(c->err->sandbox_id, id, c->cfg->key);
+}
+
 /* Give the binding a turn; once it asked to stop, never again. */
 static int slice(cos_ctx *c, cos_exec_out *xo)
 {
@@ -307,9 +328,9 @@ static void transport_error(cos_ctx *c, cos_req *r, const char *op)
         cos_err_set(err, COS_E_NOMEM, "%s failed: out of memory while receiving", op);
         return;
     }
-    if (r->over_cap) {
-        cos_err_set(err, COS_E_PROTOCOL, "%s failed: response body larger than %zu bytes", op,
-                    r->body_cap);
+    if (r->over_cap || r->declared_over_cap) {
+        cos_err_set(err, COS_E_PROTOCOL, "%s failed: response body larger than %zu bytes%s", op,
+                    r->body_cap, r->declared_over_cap ? " (declared; nothing was read)" : "");
         return;
     }
     /* CURLE_SEND_ERROR with a status: the server answered and closed while the request
@@ -348,6 +369,7 @@ static void transport_error(cos_ctx *c, cos_req *r, const char *op)
     case CURLE_SSL_CERTPROBLEM:
     case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
     case CURLE_UNSUPPORTED_PROTOCOL:
+    case CURLE_NOT_BUILT_IN: /* a SOCKS proxy, which the self-contained build has not */
     case CURLE_URL_MALFORMAT:
     case CURLE_TOO_MANY_REDIRECTS:
         kind = COS_E_UNAVAILABLE;
@@ -567,6 +589,7 @@ static int has_control(const char *s, size_t n)
 int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
 {
     json_t *id;
+    int clean;
     if (object_call(c, "create", "POST", make_url(c->cfg, "/v1/sandboxes"), spec,
                     timeout_ms > 0 ? timeout_ms : c->cfg->control_ms, out) < 0)
         return -1;
@@ -579,6 +602,17 @@ int cos_op_create(cos_ctx *c, json_t *spec, long timeout_ms, json_t **out)
         cos_err_set(
             c->err, COS_E_PROTOCOL,
             "create failed: the sandbox id in the response holds a NUL or control character");
+    } else if ((clean = cos_sanitize_unchanged(json_string_value(id), json_string_length(id),
+                                               c->cfg->key)) == 0) {
+        /* an id is shown as it is (exceptions, ExecResult, drain_deletes, logs): one the
+         * sanitizer would change (a run of the key, a C1 control, U+2028/9, a bidi
+         * override) is refused, never passed on, and never quoted */
+        cos_err_set(c->err, COS_E_PROTOCOL,
+                    "create failed: the sandbox id in the response holds a run of the API key or "
+                    "a character that cannot be shown as it is (a C1 control, a line separator, "
+                    "a bidirectional override)");
+    } else if (clean < 0) {
+        nomem(c, "create");
     } else {
         return 0;
     }
@@ -644,7 +678,7 @@ int cos_op_resume(cos_ctx *c, const char *id, long wait_ms, json_t **out)
             if (strcmp(s, fatal[i]) == 0) {
                 cos_err_set(c->err, COS_E_UNAVAILABLE,
                             "resume failed: sandbox entered state \"%s\" while resuming", s);
-                cos_strlcpy(c->err->sandbox_id, id, sizeof c->err->sandbox_id);
+                name_guest(c, id);
                 goto fail;
             }
         }
@@ -655,7 +689,7 @@ int cos_op_resume(cos_ctx *c, const char *id, long wait_ms, json_t **out)
             cos_err_set(c->err, COS_E_DEADLINE,
                         "resume failed: sandbox not running after %.1f s (state \"%s\")",
                         seconds(wait_ms), state);
-            cos_strlcpy(c->err->sandbox_id, id, sizeof c->err->sandbox_id);
+            name_guest(c, id);
             goto fail;
         }
         if (sleep_slices(c, delay) < 0)
@@ -976,21 +1010,30 @@ static int exec_buffered(cos_ctx *c, const char *id, const cos_exec_args *a, lon
     cos_req_spec spec;
     cos_req *r = NULL;
     json_t *data = NULL;
-    size_t limit = xo->out[0].buf.max;
     int rc = -1;
 
     if (exec_request(c, id, a, 0, timeout_ms, &spec) < 0)
         return -1;
     spec.mode = COS_RESP_JSON;
-    /* 4 x max_output + 1 MiB holds both streams at the cap when JSON escapes each
-     * byte into at most 2 (text: '"', '\\', and non-ASCII as is). Escaped control
-     * characters take 6 bytes (\u0001) and \u-escaped non-ASCII 2-3 times its
-     * UTF-8: such output near the cap can pass it, and the answer is then refused
-     * as ProtocolError (streaming exec, which has no body cap, is not affected). */
-    spec.body_cap =
-        limit < (COS_JSON_BODY_MAX - (1u << 20)) / 4 ? COS_JSON_BODY_MAX : limit * 4 + (1u << 20);
+    /* The whole answer is one JSON document, parsed whole before max_output_bytes can cut
+     * anything: its cap is the parser's (64 MiB), whatever max_output_bytes allows. A
+     * Content-Length above it is refused from the headers, a body passing it as soon as it
+     * does (streaming exec, which has no body cap, is not affected). */
+    spec.body_cap = COS_JSON_BODY_MAX;
     if ((r = new_req(c, op, &spec)) == NULL || perform(c, &r, op, NULL) < 0)
         goto done;
+    if (r->over_cap || r->declared_over_cap) {
+        cos_err_set(c->err, COS_E_PROTOCOL,
+                    "exec failed: HTTP %ld: the control plane has no streaming exec, and its "
+                    "buffered answer is larger than %zu MiB, the most the client parses (%s); "
+                    "output this large needs a control plane with streaming exec",
+                    r->meta.status, (size_t)(COS_JSON_BODY_MAX >> 20),
+                    r->declared_over_cap ? "declared by its Content-Length; nothing was read"
+                                         : "the transfer was stopped there");
+        cos_strlcpy(c->err->code, "too_large", sizeof c->err->code);
+        c->err->status = r->meta.status;
+        goto done;
+    }
     if (r->rc != CURLE_OK) {
         transport_error(c, r, op);
         goto done;
@@ -1069,12 +1112,31 @@ static cos_req *delete_req(cos_engine *eng, const cos_cfg *cfg, const char *id, 
     free(url);
     if (r == NULL)
         return NULL;
+    /* where its outcome goes, made now: recording it when the delete is over needs no
+     * memory, so an outcome is never lost to out-of-memory after the delete was sent */
+    if ((r->outcome = cos_outcome_new()) == NULL) {
+        cos_engine_release(eng, r);
+        nomem(&c, "delete");
+        return NULL;
+    }
     r->on_orphan_done = bg_delete_done;
     r->orphan_engine = eng;
     r->orphan_cfg = cfg;
     r->attempt = attempt;
     cos_strlcpy(r->orphan_id, id, sizeof r->orphan_id);
     return r;
+}
+
+/* Record a background delete's outcome for drain_deletes, its id as Python is shown it;
+ * *node (made with the request, or NULL) is the engine's from now on. */
+static void record_outcome(cos_engine *eng, const cos_cfg *cfg, cos_outcome **node, const char *id,
+                           long status, const char *error)
+{
+    char shown[COS_ID_MAX];
+    shown_id(shown, id, cfg->key);
+    cos_engine_add_outcome(eng, node ? *node : NULL, shown, status, error);
+    if (node)
+        *node = NULL;
 }
 
 /* The result of a delete as (status, error text or NULL): 404 counts as done. */
@@ -1124,7 +1186,7 @@ static void bg_delete_done(cos_req *r)
         if (again != NULL)
             cos_engine_release(eng, again);
     }
-    cos_engine_add_outcome(eng, r->orphan_id, r->meta.status, verdict);
+    record_outcome(eng, r->orphan_cfg, &r->outcome, r->orphan_id, r->meta.status, verdict);
 }
 
 /* Queue a delete in the background. attempt 0 may be retried once (bg_delete_done);
@@ -1139,7 +1201,7 @@ static int delete_background(cos_ctx *c, const char *id, int attempt)
     if (r == NULL) {
         /* never sent (no helper thread, out of memory): a failed delete, which the
          * caller's drain_deletes reports, never a silent one */
-        cos_engine_add_outcome(c->eng, id, 0, c->err->msg);
+        record_outcome(c->eng, c->cfg, NULL, id, 0, c->err->msg);
         return -1;
     }
     cos_engine_stat_add(c->eng, COS_STAT_DELETES_QUEUED, 1);
@@ -1207,7 +1269,9 @@ done:
     if (have_guest) {
         run_cleanup(c, sandbox_id_out, delete_background);
         if (rc < 0)
-            cos_strlcpy(c->err->sandbox_id, sandbox_id_out, sizeof c->err->sandbox_id);
+            name_guest(c, sandbox_id_out);
+        /* from here on the id is only shown (ExecResult.sandbox_id) */
+        shown_id(sandbox_id_out, sandbox_id_out, c->cfg->key);
     }
     json_decref(view);
     return rc;

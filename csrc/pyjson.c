@@ -38,7 +38,27 @@ static int set_member(json_t *obj, const char *key, size_t len, json_t *v)
     return -1;
 }
 
-PyObject *cos_json_to_py(json_t *j)
+/* A string of the server's answer as str, any run of the key in it redacted. */
+static PyObject *server_text(const char *s, size_t n, const char *secret)
+{
+    cos_buf red = {0};
+    PyObject *text = NULL;
+    switch (cos_redact(&red, s, n, secret)) {
+    case 0:
+        text = cos_decode(s, n);
+        break;
+    case 1:
+        text = cos_decode(red.data, red.len);
+        break;
+    default:
+        PyErr_NoMemory();
+        break;
+    }
+    cos_buf_free(&red);
+    return text;
+}
+
+PyObject *cos_json_to_py(json_t *j, const char *secret)
 {
     PyObject *out = NULL, *v;
     void *it;
@@ -51,10 +71,10 @@ PyObject *cos_json_to_py(json_t *j)
             return NULL;
         /* keys by length: with jansson 2.14 a key may hold NUL (\u0000) */
         for (it = json_object_iter(j); it != NULL; it = json_object_iter_next(j, it)) {
-            PyObject *key = cos_decode(json_object_iter_key(it), key_len(it));
+            PyObject *key = server_text(json_object_iter_key(it), key_len(it), secret);
             int bad;
             jv = json_object_iter_value(it);
-            v = key ? cos_json_to_py(jv) : NULL;
+            v = key ? cos_json_to_py(jv, secret) : NULL;
             bad = v == NULL || PyDict_SetItem(out, key, v) < 0;
             Py_XDECREF(key);
             Py_XDECREF(v);
@@ -68,7 +88,7 @@ PyObject *cos_json_to_py(json_t *j)
         if ((out = PyList_New((Py_ssize_t)json_array_size(j))) == NULL)
             return NULL;
         json_array_foreach (j, i, jv) {
-            if ((v = cos_json_to_py(jv)) == NULL) {
+            if ((v = cos_json_to_py(jv, secret)) == NULL) {
                 Py_DECREF(out);
                 return NULL;
             }
@@ -76,7 +96,7 @@ PyObject *cos_json_to_py(json_t *j)
         }
         return out;
     case JSON_STRING:
-        return cos_decode(json_string_value(j), json_string_length(j));
+        return server_text(json_string_value(j), json_string_length(j), secret);
     case JSON_INTEGER:
         return PyLong_FromLongLong(json_integer_value(j));
     case JSON_REAL:

@@ -6,11 +6,15 @@ held, between network waits. See docs/native-client.md.
 
 Redaction: every string a server or a guest chose that reaches Python (exception
 message, request_id, code, ExecResult.error, the state in resume's DeadlineError,
-drain_deletes' error texts) has the API key removed, including any run of 8 or
+drain_deletes' error texts, and the sandbox ids of exc.sandbox_id, ExecResult.sandbox_id
+and drain_deletes) has the API key removed, including any run of 8 or
 more characters copied from it in any case (a server may reflect the header cut
-short or case-folded), control characters escaped (as backslash escapes: n, r, t, xHH, uHHHH)
+short or case-folded), control characters escaped (as backslash escapes: n, r, t, xHH, uHHHH;
+C1 controls, U+2028/9 and bidi formatting characters included)
 and ill-formed UTF-8 replaced by '?'; at most ~500 characters of server text are
-kept in a message.
+kept in a message. A sandbox id create answers with that this would change is refused
+(ProtocolError). Success answers (whoami, views, lists) keep their data as sent but for the
+key: every run of it in a string or key is replaced by "[redacted]".
 """
 
 import builtins
@@ -190,8 +194,9 @@ class Client:
         stdout and stderr are each capped at max_output_bytes (cut on a UTF-8
         boundary, *_truncated set); the rest of the stream is read and dropped, so
         memory stays near the cap whatever the guest prints. A buffered (non
-        streaming) answer larger than 4 x max_output_bytes + 1 MiB (at least 64
-        MiB) cannot be parsed within the cap and raises ProtocolError.
+        streaming) answer is one JSON document parsed whole: over 64 MiB it
+        raises ProtocolError (code "too_large") as soon as it passes, whatever
+        max_output_bytes allows (from its Content-Length, before any body byte).
         on_output receives what arrived since the previous wait (at most every
         ~100 ms, or as soon as output arrives), stdout before stderr within one
         delivery; an exception from it (or KeyboardInterrupt) cancels the request

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the libraries the self-contained wheels link statically: OpenSSL, nghttp2, jansson and
-# libcurl (HTTP and HTTPS only), from the Debian sources scripts/fetch-debian-sources.py
+# libcurl (HTTP and HTTPS only, HTTP(S) proxies, no SOCKS), from the Debian sources scripts/fetch-debian-sources.py
 # unpacked, with `zig cc` for ARCH (x86_64 or aarch64) on glibc 2.28 (manylinux_2_28). Static,
 # position-independent, no shared objects. Cached: a second run with the same sources does
-# nothing; a library already built for the same sources is kept (rm -rf DEPS/ARCH rebuilds all).
+# nothing; a library already built for the same sources (and, for curl, the same patch) is kept
+# (rm -rf DEPS/ARCH rebuilds all).
 #
 #   scripts/build-static-deps.sh x86_64 build/deps
 #   -> build/deps/x86_64/prefix/{include,lib/{libcurl,libnghttp2,libssl,libcrypto,libjansson}.a}
@@ -26,8 +27,11 @@ SRC=$DEPS/src
 OUT=$DEPS/$ARCH
 PREFIX=$OUT/prefix
 [ -f "$SRC/VERSIONS" ] || { echo "no $SRC/VERSIONS: run scripts/fetch-debian-sources.py $DEPS" >&2; exit 1; }
+PATCHES=$(cd "$(dirname "$0")/patches" && pwd)
 inputs="$(cat "$SRC/VERSIONS") glibc $GLIBC"
-stamp="$inputs $(sha256sum "$0" | cut -c1-16)"
+# what curl is built from besides its sources: a new patch rebuilds curl alone
+curl_recipe="no-socks $(sha256sum "$PATCHES/curl-no-socks.patch" | cut -c1-16)"
+stamp="$inputs $(sha256sum "$0" | cut -c1-16) $curl_recipe"
 if [ -f "$OUT/.complete" ] && [ "$(cat "$OUT/.complete")" = "$stamp" ]; then
   exit 0
 fi
@@ -53,8 +57,9 @@ export CFLAGS="-O2 -fPIC -ffunction-sections -fdata-sections"
 export ZIG_GLOBAL_CACHE_DIR=${ZIG_GLOBAL_CACHE_DIR:-$DEPS/zig-cache}
 log() { echo "[$ARCH] $*"; }
 fresh() { rm -rf "$OUT/work/$1" && cp -a "$SRC/$1" "$OUT/work/$1" && cd "$OUT/work/$1"; }
-built() { [ -f "$OUT/.built-$1" ]; }
-mark() { touch "$OUT/.built-$1"; }
+# a library is built once per recipe (its sources, and what the second argument names)
+built() { [ -f "$OUT/.built-$1" ] && [ "$(cat "$OUT/.built-$1")" = "${2:-}" ]; }
+mark() { echo "${2:-}" >"$OUT/.built-$1"; }
 
 # OpenSSL: TLS for libcurl. What the control plane and proxies need stays (TLS 1.2/1.3, the
 # usual ciphers, X.509); engines, loadable modules, the legacy provider, QUIC, DTLS, SSLv3 and
@@ -103,12 +108,17 @@ mark jansson
 fi
 
 # libcurl: HTTP(S) with HTTP/2, proxies (HTTP and HTTPS), the threaded resolver; every other
-# protocol and optional dependency off. The CA defaults are Debian's; the extension passes the
-# bundle it finds (csrc/client.c) or SSL_CERT_FILE / CURL_CA_BUNDLE.
-if ! built curl; then
+# protocol and optional dependency off. SOCKS is compiled out (patches/curl-no-socks.patch and
+# CURL_DISABLE_SOCKS: libcurl's configure has no switch for it short of --disable-proxy, which
+# would take the HTTP(S) proxies too): a SOCKS proxy from ALL_PROXY & co is refused
+# (CURLE_NOT_BUILT_IN) before any connection. The CA defaults are Debian's; the extension passes
+# the bundle it finds (csrc/client.c) or SSL_CERT_FILE / CURL_CA_BUNDLE, to the control plane's
+# TLS and to an HTTPS proxy's.
+if ! built curl "$curl_recipe"; then
 log "curl"
 fresh curl
-PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig PKG_CONFIG_LIBDIR=$PREFIX/lib/pkgconfig \
+patch -p1 -s --no-backup-if-mismatch <"$PATCHES/curl-no-socks.patch"
+PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig PKG_CONFIG_LIBDIR=$PREFIX/lib/pkgconfig CPPFLAGS="-DCURL_DISABLE_SOCKS" \
 ./configure --host="$TRIPLE" --prefix="$PREFIX" --libdir="$PREFIX/lib" \
   --disable-shared --enable-static --disable-dependency-tracking --with-pic \
   --with-openssl="$PREFIX" --with-nghttp2="$PREFIX" \
@@ -126,7 +136,7 @@ PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig PKG_CONFIG_LIBDIR=$PREFIX/lib/pkgconfig \
 make -s -j"$JOBS" -C lib >build.log 2>&1 || { tail -40 build.log >&2; exit 1; }
 make -s -C lib install >>build.log 2>&1 && make -s -C include install >>build.log 2>&1
 install -m 644 libcurl.pc "$PREFIX/lib/pkgconfig/"
-mark curl
+mark curl "$curl_recipe"
 fi
 
 rm -rf "$OUT/work"

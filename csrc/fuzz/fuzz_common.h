@@ -90,22 +90,37 @@ static inline int utf8_valid(const unsigned char *s, size_t n)
     return 1;
 }
 
-/* Text fit for a log line: valid UTF-8 without C0/C1 controls, DEL or U+2028/9. */
+/* Whether the code point cp reorders the text shown around it (Unicode's Bidi_Control). */
+static inline int is_bidi_control(unsigned long cp)
+{
+    return cp == 0x061C || cp == 0x200E || cp == 0x200F || (cp >= 0x202A && cp <= 0x202E) ||
+           (cp >= 0x2066 && cp <= 0x2069);
+}
+
+/* Text fit for a log line: valid UTF-8 without C0/C1 controls, DEL, U+2028/9 or a
+ * bidirectional formatting character. Decoded here, apart from the sanitizer's tables. */
 static inline void assert_clean_text(const char *s, size_t n)
 {
-    size_t i;
+    size_t i = 0;
     if (!utf8_valid((const unsigned char *)s, n)) {
         fprintf(stderr, "not valid UTF-8: %.*s\n", (int)n, s);
         abort();
     }
-    for (i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c < 0x20 || c == 0x7F || (c == 0xC2 && i + 1 < n && (unsigned char)s[i + 1] < 0xA0) ||
-            (c == 0xE2 && i + 2 < n && (unsigned char)s[i + 1] == 0x80 &&
-             ((unsigned char)s[i + 2] == 0xA8 || (unsigned char)s[i + 2] == 0xA9))) {
-            fprintf(stderr, "control character at %zu in: %.*s\n", i, (int)n, s);
+    while (i < n) {
+        const unsigned char *u = (const unsigned char *)s + i;
+        unsigned long cp;
+        size_t len = u[0] < 0x80 ? 1 : u[0] < 0xE0 ? 2 : u[0] < 0xF0 ? 3 : 4;
+        cp = len == 1   ? u[0]
+             : len == 2 ? ((u[0] & 0x1Ful) << 6) | (u[1] & 0x3Fu)
+             : len == 3 ? ((u[0] & 0x0Ful) << 12) | ((u[1] & 0x3Ful) << 6) | (u[2] & 0x3Fu)
+                        : ((u[0] & 0x07ul) << 18) | ((u[1] & 0x3Ful) << 12) |
+                              ((u[2] & 0x3Ful) << 6) | (u[3] & 0x3Fu);
+        if (cp < 0x20 || (cp >= 0x7F && cp < 0xA0) || cp == 0x2028 || cp == 0x2029 ||
+            is_bidi_control(cp)) {
+            fprintf(stderr, "control character U+%04lX at %zu in: %.*s\n", cp, i, (int)n, s);
             abort();
         }
+        i += len;
     }
 }
 

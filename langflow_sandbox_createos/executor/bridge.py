@@ -14,7 +14,8 @@ module answers it the way the host would have run the node itself:
   - a `backend` request (the dispatcher) comes from a code-execution node (lfx's own list:
     Python Interpreter, Python REPL, ...) or a custom component; a `component` request from a
     CreateOS Sandbox node;
-  - at most `MAX_REQUESTS_PER_RUN` requests per run, `MAX_IN_FLIGHT` at once (the rest wait);
+  - at most `MAX_REQUESTS_PER_RUN` requests per run, counted as they arrive (the first ones
+    are served, each one past the cap is refused), `MAX_IN_FLIGHT` at once (the rest wait);
   - the guest chooses only what is dynamic in-process: the code a node received through an
     edge (or from an agent's tool call) and, for a custom component, its imports and the
     environment it passes. Everything else comes from the host: the node's own fields as the
@@ -24,7 +25,9 @@ module answers it the way the host would have run the node itself:
     session: so Guest Reuse keys are exactly the in-process ones).
 * **How it runs**: with the host's own `lfx.utils.sandbox.run_code_in_sandbox` (whatever
   backend the host has, with its own refusals) and the component's own engine
-  (`component.engine`), in a worker thread, under the run's context.
+  (`component.engine`), on the bridge's own threads (`BRIDGE_THREADS` for the whole process,
+  never the event loop's default pool, which hostile runs holding sandbox calls could fill
+  for everything else the process does), under the run's context.
 * **The answer** is the result, or the error the host call raised (its class name and message),
   which the guest raises again with the same class; it is uploaded as a reply file, like a
   stored message's id. A refused request is answered with `SandboxExecutionError` and logged.
@@ -34,15 +37,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import logging
+import os
+import threading
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
 MAX_REQUESTS_PER_RUN = 256
 MAX_IN_FLIGHT = 4
 MAX_ENV_ENTRIES = 64
+# Threads that run the host's side of bridge requests, for the whole process (MAX_IN_FLIGHT
+# for each of four runs at once); requests beyond them wait their turn.
+BRIDGE_THREADS = 16
 # How long closing a run waits for requests still running on the host before leaving them
 # to finish in their threads (each deletes the guests it made, as in-process).
 CLOSE_WAIT_SECONDS = 5.0
@@ -68,6 +78,36 @@ TOOL_FED = "<tool call>"
 
 class BridgeRefusal(Exception):
     """A request the run's own nodes would not make in-process."""
+
+
+_T = TypeVar("_T")
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def bridge_pool() -> ThreadPoolExecutor:
+    """The bridge's threads (made on first use): what they run never takes the event loop's
+    default pool, which the process's other work (uploads, the native client's calls) needs."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=BRIDGE_THREADS, thread_name_prefix="createos-bridge")
+        return _pool
+
+
+def _forget_pool_in_child() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()  # the parent's threads are not the child's
+
+
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
+async def _on_bridge_threads(work: Callable[[], _T]) -> _T:
+    """work() on the bridge's threads, in a copy of this context (the caller's principal), as
+    asyncio.to_thread would run it on the default pool."""
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(bridge_pool(), context.run, work)
 
 
 def guest_view() -> dict[str, Any]:
@@ -196,8 +236,8 @@ class SandboxBridge:
             self.refused += 1
             logger.warning("CreateOS executor: a guest sent a sandbox request without a reply number")
             return
-        self.asked += 1
-        task = asyncio.create_task(self._serve(number, frame))
+        self.asked += 1  # its place in arrival order decides whether it is served
+        task = asyncio.create_task(self._serve(number, frame, self.asked))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -206,13 +246,11 @@ class SandboxBridge:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=CLOSE_WAIT_SECONDS)
 
-    async def _serve(self, number: int, frame: Mapping[str, Any]) -> None:
-        async with self._slots:
-            try:
-                if self.asked > MAX_REQUESTS_PER_RUN:
-                    raise BridgeRefusal(
-                        f"more than {MAX_REQUESTS_PER_RUN} sandbox requests in one executor run"
-                    )
+    async def _serve(self, number: int, frame: Mapping[str, Any], arrival: int) -> None:
+        try:
+            if arrival > MAX_REQUESTS_PER_RUN:  # refused at once, without waiting for a slot
+                raise BridgeRefusal(f"more than {MAX_REQUESTS_PER_RUN} sandbox requests in one executor run")
+            async with self._slots:
                 request = frame.get("request")
                 if request == "backend":
                     work = self._backend_work(frame)
@@ -220,19 +258,19 @@ class SandboxBridge:
                     work = self._component_work(frame)
                 else:
                     raise BridgeRefusal(f"unknown sandbox request {request!r}")
-                answer = await asyncio.to_thread(work)
-                self.served += 1
-            except BridgeRefusal as exc:
-                self.refused += 1
-                logger.warning("CreateOS executor: refused a sandbox request from the guest: %s", exc)
-                answer = {
-                    "error": {
-                        "type": "SandboxExecutionError",
-                        "message": f"CreateOS executor: sandbox request refused: {exc}",
-                    }
+                answer = await _on_bridge_threads(work)
+            self.served += 1
+        except BridgeRefusal as exc:
+            self.refused += 1
+            logger.warning("CreateOS executor: refused a sandbox request from the guest: %s", exc)
+            answer = {
+                "error": {
+                    "type": "SandboxExecutionError",
+                    "message": f"CreateOS executor: sandbox request refused: {exc}",
                 }
-            except Exception as exc:  # what the host call raised: raised again in the guest
-                answer = {"error": _error(exc)}
+            }
+        except Exception as exc:  # what the host call raised: raised again in the guest
+            answer = {"error": _error(exc)}
         try:
             await self.reply(f"sandbox-{number}", answer)
         except Exception as exc:  # the guest is gone (the run ended): nobody waits for it
@@ -302,7 +340,7 @@ class SandboxBridge:
                 }
             }
 
-        return work  # asyncio.to_thread runs it in a copy of this context (the caller's principal)
+        return work  # run on the bridge's threads in a copy of this context (the caller's principal)
 
     def _own_code(
         self, frame: Mapping[str, Any], node: Mapping[str, Any], fed: set[str], template: Mapping[str, Any]

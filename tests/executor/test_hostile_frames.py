@@ -5,12 +5,13 @@ host decode or keep more than the frame limits allow, nor change state beyond it
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError
 
-from langflow_sandbox_createos.executor import CreateOSExecutor
+from langflow_sandbox_createos.executor import CreateOSExecutor, framing
 from langflow_sandbox_createos.executor import reader as executor_reader
 from langflow_sandbox_createos.executor import spec as executor_spec
 
@@ -87,3 +88,48 @@ def test_each_frame_type_has_a_limit_and_the_line_cap_follows() -> None:
     assert executor_reader.decode_cost(dense) > executor_reader.DECODE_FACTOR * len(dense)
     prose = '{"text": "' + "plain words, with commas, and: colons. " * 2000 + '"}'
     assert executor_reader.decode_cost(prose) <= executor_reader.decode_budget(prose)
+
+
+def _nested_frame(key: bytes, depth: int) -> str:
+    """An authentic `outputs` frame whose runs nest `depth` lists deep (written by hand:
+    json.dumps itself would recurse)."""
+    body = '{"t":"outputs","runs":' + "[" * depth + "]" * depth + "}"
+    return framing.frame_line(key, 0, "outputs", body) + "\n"
+
+
+def test_a_frame_nested_past_the_depth_limit_is_refused_by_the_reader() -> None:
+    """A 10 kB "[[[...]]]" frame with a valid MAC passes the decode-cost bound. Fails on ac8509d:
+    json.loads raised RecursionError out of FrameReader.feed; now the reader refuses it, undecoded,
+    with its own FrameRefused. A frame at the limit is decoded as before."""
+    key = framing.new_token().encode()
+    refused: list[executor_reader.FrameRefused] = []
+    frames: list[dict[str, Any]] = []
+    reader = executor_reader.FrameReader(key, frames.append, lambda line: None, on_refused=refused.append)
+    deep = _nested_frame(key, 5000)
+    assert len(deep) > 10_000
+    body = deep.split(" ", 4)[4].rstrip("\n")
+    assert executor_reader.decode_cost(body) <= executor_reader.decode_budget(body)  # not dense
+    reader.feed(deep)
+    assert frames == [] and len(refused) == 1, (frames, refused)
+    assert f"nested deeper than {executor_reader.MAX_FRAME_DEPTH} levels" in str(refused[0])
+    # the deepest frame allowed: the object, then MAX_FRAME_DEPTH - 1 lists
+    ok = executor_reader.FrameReader(key, frames.append, lambda line: None, on_refused=refused.append)
+    ok.feed(_nested_frame(key, executor_reader.MAX_FRAME_DEPTH - 1))
+    assert len(frames) == 1 and len(refused) == 1
+
+
+def test_nesting_depth_reads_brackets_in_strings_as_text() -> None:
+    """The depth scan drops strings, escaped quotes and backslashes included, before it counts."""
+    depth = executor_reader.nesting_depth
+    assert depth("1") == 0 and depth("[]") == 1 and depth('{"a":[[{}]]}') == 4
+    assert depth(json.dumps({"t": "x", "a": "[[[{{{" * 500, "b": [[1]]})) == 3
+    assert depth(json.dumps({"t": "x", "a": 'he said "[[[" \\ [[ \\" {{', "b": {}})) == 2
+    assert depth('{"a":"\\\\","b":[[["[[["]]]}') == 4  # an escaped backslash ends no string
+
+
+async def test_a_deeply_nested_frame_fails_the_run_with_the_readers_refusal(executor_env: Any) -> None:
+    """The same frame written by flow code in a real executor run: the run fails with the
+    reader's refusal. Fails on ac8509d, where a RecursionError came out of the executor itself."""
+    outcome = await _outcome("nested")
+    assert f"nested deeper than {executor_reader.MAX_FRAME_DEPTH} levels" in outcome, outcome
+    assert "'outputs' frame" in outcome, outcome

@@ -16,6 +16,8 @@ import pytest
 from langflow_sandbox_createos import _createos
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
+from .rawserver import RawServer
+
 SHAPE = "s-1vcpu-256mb"
 
 
@@ -24,6 +26,16 @@ def client(cp: LocalControlPlane) -> Iterator[_createos.Client]:
     c = _createos.Client(cp.url, cp.api_key, connect_timeout=5.0, control_timeout=20.0)
     yield c
     c.close()
+
+
+@pytest.fixture
+def server() -> Iterator[RawServer]:
+    """A scripted control plane on loopback (rawserver.py): set its `response`."""
+    s = RawServer()
+    try:
+        yield s
+    finally:
+        s.close()
 
 
 @pytest.fixture
@@ -45,7 +57,8 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A throwaway CA, a server certificate for localhost signed by it, and an unrelated CA."""
+    """A throwaway CA, a server certificate for localhost signed by it, and an unrelated CA
+    (self-signed, with its key: a certificate nothing trusts)."""
     d = tmp_path_factory.mktemp("pki")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
              "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
@@ -56,7 +69,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
              "-days", "2", "-extfile", "san.ext", "-out", "server.pem", cwd=d)  # fmt: skip
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=other-ca",
              "-keyout", "other.key", "-out", "other.pem", cwd=d)  # fmt: skip
-    return {name: d / f"{name}" for name in ("ca.pem", "server.pem", "server.key", "other.pem")}
+    return {name: d / f"{name}" for name in ("ca.pem", "server.pem", "server.key", "other.pem", "other.key")}
 
 
 SHIMS = Path(__file__).parent / "shims"

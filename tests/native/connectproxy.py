@@ -1,21 +1,33 @@
 """An HTTP proxy for HTTPS traffic on loopback, as corporate networks have: it answers
 ``CONNECT host:port`` with ``200 Connection established`` and then copies bytes both ways,
-so TLS runs end to end through it. It keeps the targets it tunnelled to."""
+so TLS runs end to end through it. It keeps the targets it tunnelled to. With ``tls=(cert,
+key)`` it is an HTTPS proxy: the client speaks TLS to the proxy itself (``https://localhost``),
+and the control plane's TLS runs inside that; ``handshakes`` counts the TLS sessions it
+accepted, ``failed_handshakes`` those that did not complete (a client that refused its
+certificate)."""
 
 from __future__ import annotations
 
 import contextlib
 import selectors
 import socket
+import ssl
 import threading
+from pathlib import Path
 
 
 class ConnectProxy:
-    def __init__(self) -> None:
+    def __init__(self, tls: tuple[Path, Path] | None = None) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.sock.settimeout(0.2)
         self.tunnels: list[str] = []
         self.refused: list[bytes] = []
+        self.handshakes = 0
+        self.failed_handshakes = 0
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(str(tls[0]), str(tls[1]))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._accept = threading.Thread(target=self._serve, daemon=True)
@@ -23,7 +35,8 @@ class ConnectProxy:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        port = self.sock.getsockname()[1]
+        return f"https://localhost:{port}" if self._tls else f"http://127.0.0.1:{port}"
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -35,7 +48,17 @@ class ConnectProxy:
             self._threads.append(t)
             t.start()
 
-    def _tunnel(self, conn: socket.socket) -> None:
+    def _tunnel(self, raw: socket.socket) -> None:
+        conn = raw
+        if self._tls is not None:
+            try:
+                raw.settimeout(5)
+                conn = self._tls.wrap_socket(raw, server_side=True)
+                self.handshakes += 1
+            except (OSError, ssl.SSLError):
+                self.failed_handshakes += 1
+                raw.close()
+                return
         with conn, contextlib.suppress(OSError):
             conn.settimeout(5)
             head = b""
@@ -64,12 +87,13 @@ class ConnectProxy:
             sel.register(a, selectors.EVENT_READ)
             sel.register(b, selectors.EVENT_READ)
             while not self._stop.is_set():
-                for key, _ in sel.select(timeout=0.2):
-                    src = key.fileobj
+                # a TLS socket may hold decrypted bytes its descriptor no longer shows
+                held = [s for s in (a, b) if isinstance(s, ssl.SSLSocket) and s.pending()]
+                for src in held or [key.fileobj for key, _ in sel.select(timeout=0.2)]:
                     assert isinstance(src, socket.socket)
                     try:
                         data = src.recv(65536)
-                    except BlockingIOError:
+                    except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                         continue
                     if not data:
                         return

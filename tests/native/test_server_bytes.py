@@ -5,8 +5,6 @@ with the raw bytes a test gives it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from langflow_sandbox_createos import _createos as E
@@ -14,15 +12,6 @@ from langflow_sandbox_createos import _createos as E
 from .rawserver import RawServer
 
 KEY = "sk-server-bytes-test-key"
-
-
-@pytest.fixture
-def server() -> Iterator[RawServer]:
-    s = RawServer()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def answer(status: str, headers: list[str], body: bytes) -> bytes:

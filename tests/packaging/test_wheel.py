@@ -292,6 +292,57 @@ def test_manylinux_wheel_is_self_contained(manylinux: Path, tmp_path: Path) -> N
     assert set(needed) <= {"libc.so.6", "libpthread.so.0", "libdl.so.2", "libm.so.6", "librt.so.1"}, needed
 
 
+SOCKS_PROBE = """
+import json, os, socket, sys, threading
+from langflow_sandbox_createos import _createos
+listener = socket.create_server(("127.0.0.1", 0))
+listener.settimeout(0.2)
+accepted, stop = [], threading.Event()
+def serve():
+    while not stop.is_set():
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            continue
+        accepted.append(1)
+        conn.close()
+threading.Thread(target=serve, daemon=True).start()
+for var in ("https_proxy", "HTTPS_PROXY", "all_proxy", "no_proxy", "NO_PROXY"):
+    os.environ.pop(var, None)
+out = {}
+for scheme in ("socks5h", "socks5", "socks4a", "socks4"):
+    os.environ["ALL_PROXY"] = f"{scheme}://127.0.0.1:{listener.getsockname()[1]}"
+    with _createos.Client("https://localhost:9", "sx-probe-0123456789", connect_timeout=2, control_timeout=3) as client:
+        try:
+            client.whoami()
+            out[scheme] = "answered"
+        except _createos.CreateOSError as exc:
+            out[scheme] = f"{type(exc).__name__}: {exc}"
+stop.set()
+out["connections"] = len(accepted)
+out["module"] = _createos.__file__
+print(json.dumps(out))
+"""
+
+
+def test_manylinux_wheel_has_no_socks(manylinux: Path, tmp_path: Path) -> None:
+    """The self-contained wheel's libcurl is built without SOCKS (scripts/patches/curl-no-socks.patch,
+    docs/operations.md): a SOCKS proxy in ALL_PROXY, of every kind, is refused before any
+    connection (UnavailableError, not a retryable TransientError), and the SOCKS handshakes
+    (lib/socks.c) are not in the module. With ac8509d's build script, whose libcurl had SOCKS,
+    the client connected to the proxy (as the system libcurl of a source build does)."""
+    python = fresh_venv(tmp_path / "venv")
+    run([uv(), "pip", "install", "-q", "--no-deps", "--python", python, manylinux], cwd=tmp_path)
+    out = json.loads(run([python, "-c", SOCKS_PROBE], cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert out["connections"] == 0, out
+    for scheme in ("socks5h", "socks5", "socks4a", "socks4"):
+        assert out[scheme].startswith("UnavailableError: whoami failed: "), out
+        assert "built without SOCKS support" in out[scheme], out
+    module = Path(out["module"]).read_bytes()
+    assert b"SOCKS4 connection to" not in module  # a message of lib/socks.c only
+    assert b"built without SOCKS support" in module  # the patch's refusal
+
+
 def check_wheels(*wheels: Path) -> subprocess.CompletedProcess[str]:
     """scripts/check-wheels.py (make check-wheels), with .venv's abi3audit and auditwheel."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}

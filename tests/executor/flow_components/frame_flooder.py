@@ -1,4 +1,7 @@
 import gc
+import hashlib
+import hmac
+import os
 
 from lfx.custom.custom_component.component import Component
 from lfx.io import MessageTextInput, Output, StrInput
@@ -27,4 +30,11 @@ class FrameFlooder(Component):
                 frames.emit("mystery", blob="y" * (256 * 1024))
         elif self.attack == "ready":  # a second `ready`: once marked a rootfs as having lfx
             frames.emit("ready", lfx="9.9.9\x1b[31m", installed=False)
+        elif self.attack == "nested":  # 10 kB of [[[...]]]: RecursionError out of the host's reader
+            body = '{"t":"outputs","runs":' + "[" * 5000 + "]" * 5000 + "}"  # json.dumps would recurse
+            with frames._lock:
+                seq = frames._seq
+                frames._seq += 1
+                mac = hmac.new(frames._key, f"{seq} outputs {body}".encode(), hashlib.sha256).hexdigest()[:32]
+                os.write(frames._fd, f"\nLFXF2 {seq} {mac} outputs {body}\n".encode())
         return Message(text=f"flooded:{self.attack}")
