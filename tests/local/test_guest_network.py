@@ -255,9 +255,10 @@ def test_guests_do_not_reach_each_other(
     server is seen answering in A before and after B looks for it, so B's refusals are not a
     server that had not started yet (or had died)."""
     a, b = sandbox_factory(egress=["*"]), sandbox_factory(egress=["*"])
-    client.put(
+    put = client.put(
         f"/v1/sandboxes/{a['id']}/files", params={"path": "/tmp/srv.py"}, content=GUEST_SERVER.encode()
     )
+    assert put.status_code == 200, put.text
     started = sh(
         client,
         a["id"],
