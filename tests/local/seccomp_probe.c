@@ -51,7 +51,9 @@ static int stack_trace_filter(unsigned int nr)
 static long int80(long nr, long arg0)
 {
     long ret;
-    __asm__ volatile("int $0x80" : "=a"(ret) : "a"(nr), "b"(arg0), "c"(0L), "d"(0L), "S"(0L), "D"(0L)
+    __asm__ volatile("int $0x80"
+                     : "=a"(ret)
+                     : "a"(nr), "b"(arg0), "c"(0L), "d"(0L), "S"(0L), "D"(0L)
                      : "memory");
     return ret;
 }
