@@ -15,7 +15,7 @@ FUZZ_SECONDS ?= 20
 comma := ,
 space := $(subst ,, )
 
-.PHONY: run langflow dist wheel-manylinux check-wheels bench-abi3 bench-server prove-wheels test test-fast sanitize fuzz native-oldlibs format-c bench soak lint format typecheck deps native clean
+.PHONY: run langflow dist wheel-manylinux check-wheels bench-abi3 bench-server prove-wheels test test-fast mutations sanitize fuzz native-oldlibs format-c bench soak lint format typecheck deps native clean
 
 deps:
 	@scripts/install-system-deps.sh
@@ -56,6 +56,15 @@ PYTEST_WORKERS ?= 2
 test: $(STAMP) $(LANGFLOW_STAMP)
 	$(VPY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --durations=25 $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# Break the product on purpose (tests/mutations/mutations.toml: file, anchor, replacement, the
+# test that must fail and why), one break at a time in a scratch copy, each running only its
+# test; then each test on an unmutated copy, where it must pass. Fails if a break's test passes.
+# Sequential (2-core friendly). MUTATIONS_ARGS=--ci: the CI subset; names: some of them;
+# --list, --check. Times: docs/operations.md, "Mutations".
+MUTATIONS_ARGS ?=
+mutations: $(STAMP)
+	$(VPY) tests/mutations/run.py $(MUTATIONS_ARGS)
 
 # The native client's tests again, with ASan + UBSan (msgspec's recipe), in PYTEST_WORKERS workers; the binding fuzzer
 # (tests/native/test_binding_fuzz.py) runs 1000 hostile calls there (BINDING_FUZZ_EXAMPLES); the

@@ -5,6 +5,7 @@ in line in arrival order, and a caller interrupted while waiting gives its place
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import threading
 import time
 from typing import Any
@@ -30,37 +31,58 @@ def _overlaps(spans: list[tuple[float, float]]) -> int:
 
 
 def test_a_sync_line_serves_in_order_and_never_over_its_limit() -> None:
+    """Six callers, a limit of 2: they arrive one after another (each starts once the one
+    before holds its ticket), hold their slot until the test lets them go, and are let go
+    one at a time; after each leaves, the next caller in, and only it, is the next in line.
+    Each step waits for an event, never for a time, so delaying any thread cannot change the
+    verdict (the old test relied on a 5 ms gap between thread starts: 42 of 200 runs failed
+    at load 13)."""
     line = admission.SyncLine("test")
-    order: list[int] = []
-    active = peak = 0
+    callers = 6
     lock = threading.Lock()
+    active = peak = 0
     waits: list[tuple[int, int]] = []
+    entries: queue.Queue[int] = queue.Queue()  # who came in, in the order they did
+    ticketed = [threading.Event() for _ in range(callers)]  # in line, or in
+    release = [threading.Event() for _ in range(callers)]
+
+    def on_wait(i: int, ahead: int, in_flight: int) -> None:
+        waits.append((ahead, in_flight))
+        ticketed[i].set()
 
     def run(i: int) -> None:
         nonlocal active, peak
-        line.enter(2, lambda ahead, in_flight: waits.append((ahead, in_flight)))
+        line.enter(2, lambda ahead, in_flight: on_wait(i, ahead, in_flight))
         try:
             with lock:
-                order.append(i)
                 active += 1
                 peak = max(peak, active)
-            time.sleep(0.05)
+            entries.put(i)
+            ticketed[i].set()  # after the put: the next caller starts only then
+            assert release[i].wait(60)
             with lock:
                 active -= 1
         finally:
             line.leave()
 
-    threads = []
-    for i in range(6):
-        thread = threading.Thread(target=run, args=(i,))
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(callers)]
+    for i, thread in enumerate(threads):
         thread.start()
-        threads.append(thread)
-        time.sleep(0.005)  # arrive in order
+        assert ticketed[i].wait(30), f"caller {i} never took a ticket"
+    assert [entries.get(timeout=30), entries.get(timeout=30)] == [0, 1]
+    assert entries.empty() and line.in_flight == 2 and line.waiting == 4
+    for i in range(callers):
+        release[i].set()
+        threads[i].join(30)
+        if i + 2 < callers:
+            assert entries.get(timeout=30) == i + 2, f"after caller {i} left, not the next in line came in"
+        with lock:
+            assert entries.empty() and active <= 2, (i, active)
     for thread in threads:
         thread.join(30)
+        assert not thread.is_alive()
     assert peak == 2 and line.in_flight == 0 and line.waiting == 0
-    assert order == sorted(order), order
-    assert len(waits) == 4 and all(in_flight == 2 for _, in_flight in waits), waits
+    assert waits == [(0, 2), (1, 2), (2, 2), (3, 2)], waits
 
 
 def test_a_caller_interrupted_in_line_gives_its_place_up(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,8 +2,10 @@
 
 The sample's own `$ export` lines are run against a createos-local (its URL and key stand in
 for `http://127.0.0.1:8787` and `$CREATEOS_LOCAL_API_KEY`), then the real command; its output
-must be the sample's, line for line, once what differs between machines is masked: versions,
-the install path, the control plane's URL and user id, the guest counts. README.md's quote of
+must be the sample's, line for line, once what differs between machines is masked: the
+versions of the five things doctor names with one, the install path, the control plane's URL
+and user id, the guest counts. Everything else, addresses and ranges (169.254.0.0/16) among
+it, is compared literally. README.md's quote of
 the implementation line is checked against the same output. DOCS_DRIFT_ROOT points at another
 tree's docs (tests/unit/docs_drift_at.sh).
 """
@@ -30,7 +32,11 @@ MASKS = (
     (re.compile(r" at /\S+"), " at <path>"),
     (re.compile(r"\(user [^,]+,"), "(user <id>,"),
     (re.compile(r"\d+ running, \d+ paused"), "<n> running, <n> paused"),
-    (re.compile(r"\b\d+\.\d+(?:\.\d+)*\b"), "<version>"),
+    # a version only after the name it belongs to: a dotted number elsewhere is an address
+    (
+        re.compile(r"\b(langflow-sandbox-createos|native client|libcurl|jansson|lfx) \d+(?:\.\d+)+\b"),
+        r"\1 <version>",
+    ),
 )
 
 
@@ -78,6 +84,8 @@ def run_doctor(exports: dict[str, str], plane: LocalControlPlane) -> list[str]:
 
 
 def test_the_sample_is_what_doctor_prints(control_plane: LocalControlPlane, cp: LocalControlPlane) -> None:
+    """Fails with doctor naming 127.0.0.0/16 instead of 169.254.0.0/16 (issue 43: on ac8509d that
+    passed, every dotted number being masked as a version)."""
     exports, documented = sample()
     real = run_doctor(exports, control_plane)
     assert real[0].startswith("Surfaces switched on:"), real
@@ -102,3 +110,12 @@ def test_readme_quotes_the_implementation_line(
             assert real[0].startswith(quote), (
                 f"README.md calls {quote!r} doctor's first line: it is {real[0]!r}"
             )
+
+
+def test_addresses_and_ranges_are_not_masked() -> None:
+    """The sample's link-local range is compared as written: on ac8509d every dotted number was
+    masked as a version, so doctor printing 127.0.0.0/16 instead of 169.254.0.0/16 passed."""
+    _, documented = sample()
+    line = next(line for line in documented if "169.254.0.0/16" in line)
+    assert "169.254.0.0/16" in mask(line)
+    assert mask(line) != mask(line.replace("169.254.0.0/16", "127.0.0.0/16"))

@@ -283,7 +283,11 @@ async def test_pool_refills_hold_a_slot_and_never_make_a_run_wait_longer(
     """CREATEOS_EXECUTOR_MAX_GUESTS=1 with a pool of 1: the refill does not start while a run
     holds the only slot; once it is free the refill boots the guest holding the slot, a run
     arriving meanwhile waits in line (says so) and then gets that warm guest. Never more than
-    one guest boots or runs at once."""
+    one guest boots or runs at once.
+
+    That the refill does not start is read from the pool's own decision, which take() makes
+    at once and without I/O: it asked the line, was told no, and started no worker (the test
+    waited 1.5 s for a refill not to appear before, which a slow thread could outlast)."""
     from langflow_sandbox_createos.core import connection, settings
     from langflow_sandbox_createos.executor import pool as executor_pool
 
@@ -299,16 +303,29 @@ async def test_pool_refills_hold_a_slot_and_never_make_a_run_wait_longer(
             peak = max(peak, line.in_flight)
             time.sleep(0.005)
 
+    answers: list[bool] = []  # the line's answers to the pool's "is a slot spare?"
+    real_has_spare = line.has_spare
+
+    def has_spare(limit: int) -> bool:
+        answer = real_has_spare(limit)
+        answers.append(answer)
+        return answer
+
+    monkeypatch.setattr(line, "has_spare", has_spare)
+    await asyncio.to_thread(executor_pool.shutdown)  # no pooled guest and no worker of an earlier test
+    pool = executor_pool.pool()
+    assert pool.stats()["workers"] == 0, pool.stats()
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
         await line.enter(1, lambda *_: None)  # a run holds the only slot
+        created = pool.stats()["created"]  # the process's pool: earlier tests' counts stay
         run, _ = executor_pool.take(connection.endpoints.get(), settings.executor_settings(), {})
         assert run is None
-        pool = executor_pool.pool()
-        created = pool.stats()["created"]  # the process's pool: earlier tests' counts stay
-        await asyncio.sleep(1.5)
-        assert pool.stats()["pending"] == 0 and pool.stats()["created"] == created, pool.stats()
+        # take() decided then and there: the line said no, so no worker was started to refill
+        assert answers and not any(answers), answers
+        stats = pool.stats()
+        assert stats["workers"] == 0 and stats["pending"] == 0 and stats["created"] == created, stats
         live = [sb for sb in executor_env.live_sandboxes() if sb["name"].startswith("lf-xw-")]
         assert not live, live
         line.leave()  # the refill may start now, and holds the slot while it warms

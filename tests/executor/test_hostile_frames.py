@@ -17,9 +17,11 @@ from langflow_sandbox_createos.executor import spec as executor_spec
 
 from .conftest import drain, middle_graph
 from .flow_components.frame_flooder import FrameFlooder
+from .flow_components.frame_sizer import FrameSizer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
 MIB = 1024 * 1024
+KEY = bytes(range(32))
 
 
 def _unit(attack: str) -> Any:
@@ -133,3 +135,57 @@ async def test_a_deeply_nested_frame_fails_the_run_with_the_readers_refusal(exec
     outcome = await _outcome("nested")
     assert f"nested deeper than {executor_reader.MAX_FRAME_DEPTH} levels" in outcome, outcome
     assert "'outputs' frame" in outcome, outcome
+
+
+def _frame_of(kind: str, size: int) -> str:
+    """An authentic frame line (seq 0, the test's key) whose JSON is exactly `size` bytes."""
+    bare = framing.frame_body(kind, {"pad": ""})
+    body = framing.frame_body(kind, {"pad": "x" * (size - len(bare))})
+    assert len(body) == size
+    return framing.frame_line(KEY, 0, kind, body) + "\n"
+
+
+def _read(line: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """What a reader makes of one line: the frames it passed on, the refusals it reported."""
+    frames: list[dict[str, Any]] = []
+    refused: list[str] = []
+    reader = executor_reader.FrameReader(
+        KEY,
+        frames.append,
+        lambda text: refused.append(f"plain: {text[:60]}"),
+        on_refused=lambda e: refused.append(str(e)),
+    )
+    reader.feed(line)
+    reader.close()
+    return frames, refused
+
+
+@pytest.mark.parametrize("kind", sorted(executor_reader.FRAME_LIMITS))
+def test_each_frame_type_is_read_at_its_limit_and_refused_one_byte_over(kind: str) -> None:
+    """Every type of the reader's table (so a new type is tested by construction): a frame of
+    exactly its limit is decoded, one byte more is refused undecoded, naming the limit. Fails
+    on ac8509d with the per-type size check off (issue 43: a 1 MiB `history` frame, limit
+    64 KiB, was accepted and decoded, and this file passed)."""
+    limit = executor_reader.FRAME_LIMITS[kind]
+    frames, refused = _read(_frame_of(kind, limit))
+    assert refused == [] and [f["t"] for f in frames] == [kind] and len(frames[0]["pad"]) > limit - 64
+    frames, refused = _read(_frame_of(kind, limit + 1))
+    decoded = [frame["t"] for frame in frames]
+    assert decoded == [], f"a {kind!r} frame of {limit + 1} bytes was decoded"
+    assert refused == [f"a {kind!r} frame of {limit + 1} bytes, over its {limit}-byte limit"], refused
+
+
+async def test_a_history_frame_one_byte_over_its_limit_fails_the_run(executor_env: Any) -> None:
+    """Flow code that writes an authentic `history` request of 64 KiB + 1 (the smallest limit a
+    request has) fails its run, in a real guest. Fails on ac8509d with the per-type size check
+    off: the request is decoded, the host reads the history and answers it, the run completes."""
+    from lfx.execution.types import Unit
+
+    size = executor_reader.FRAME_LIMITS["history"] + 1
+    graph = middle_graph(FrameSizer, "write", kind="history", extra='{"reply": 999}', size=size)
+    try:
+        items = await drain(CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": "x"}])))
+    except SandboxExecutionError as exc:
+        assert f"a 'history' frame of {size} bytes, over its {size - 1}-byte limit" in str(exc), exc
+    else:
+        pytest.fail(f"the run completed with {type(items[-1]).__name__}")

@@ -9,7 +9,8 @@ createos-local:
 
 - the Python Interpreter under the backend and the CreateOS Sandbox component, in-process
   and inside an executor run (where the host answers the guest's bridge requests);
-- pooled executor runs (the warm guest taken, the pool refilled, the run's guest deleted).
+- pooled executor runs (the warm guest taken, the pool refilled, the run's guest deleted);
+- a cold executor run whose spec is over the stdin threshold, so ``_Run.stage()`` uploads it.
 
 The client is the real one, wrapped: every call goes to createos-local over HTTP as usual.
 """
@@ -27,6 +28,8 @@ import pytest
 from langflow_sandbox_createos.core import connection
 from langflow_sandbox_createos.core.native import load_native
 
+from .conftest import middle_graph
+from .flow_components.digest import Digest
 from .parity.test_parity import HostMemory, both, memory
 from .test_sandboxed_nodes import MICROVM_CODE, component_cls, host_backend, interpreter_graph, sandbox_graph
 
@@ -55,11 +58,14 @@ class LoopWatch:
     """Every waiting call made through a watched client: (method, on a loop's thread, where)."""
 
     calls: list[tuple[str, bool, str]] = field(default_factory=list)
+    uploaded: list[str] = field(default_factory=list)  # the guest paths of the uploads
 
-    def record(self, method: str) -> None:
+    def record(self, method: str, args: tuple[Any, ...]) -> None:
         on_loop = _on_a_loop()
         where = "".join(traceback.format_stack(limit=12)[:-2]) if on_loop else ""
         self.calls.append((method, on_loop, where))
+        if method == "upload":
+            self.uploaded.append(str(args[1]))
 
     def methods(self) -> set[str]:
         return {method for method, _, _ in self.calls}
@@ -85,7 +91,7 @@ class _Watched:
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            self._watch.record(name)
+            self._watch.record(name, args)
             return attr(*args, **kwargs)
 
         return call
@@ -149,5 +155,20 @@ async def test_pooled_executor_runs(
     finally:
         await asyncio.to_thread(executor_pool.shutdown)
     assert {"create", "exec", "upload", "delete"} <= watch.methods(), watch.methods()
+    violations = watch.on_the_loop()
+    assert not violations, "\n\n".join(violations)
+
+
+async def test_a_cold_run_whose_spec_is_uploaded(watch: LoopWatch, memory: HostMemory) -> None:
+    """A cold executor run of a flow whose spec is over ``STDIN_SPEC_MAX_BYTES``: ``_Run.stage()``
+    uploads it before the exec, and that upload waits off the loop too. Fails on ac8509d with
+    the stage's upload moved onto the loop (issue 43: no flow of this file was that large)."""
+    from langflow_sandbox_createos.executor import run as executor_run
+
+    payload = "0123456789abcdef" * (executor_run.STDIN_SPEC_MAX_BYTES // 16 + 4096)  # 4 MiB + 64 KiB
+    reference, ours = await both(lambda: middle_graph(Digest, "digest", payload=payload), memory, "loop-big")
+    assert reference.outputs == ours.outputs
+    staged = [path for path in watch.uploaded if path.startswith(f"{executor_run.SPEC_DIR}/")]
+    assert len(staged) == 1, watch.uploaded  # the spec went as a file, through the watched client
     violations = watch.on_the_loop()
     assert not violations, "\n\n".join(violations)

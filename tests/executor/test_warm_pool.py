@@ -209,17 +209,22 @@ async def test_a_pooled_runs_deadline_counts_from_its_spec(
 ) -> None:
     """The watchdog's thread starts at warm-up, its deadline when the spec arrived: a guest
     that waited in the pool longer than the run's timeout still runs, and a run that takes
-    longer than it times out."""
-    monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", "4")
+    longer than it times out. The timeout is 10 s, so the quick run has 10 s (it takes well
+    under one) and the guest's wait (at least 11 s) is over it whatever the load: only a
+    deadline counted from the warm-up fails the first run. The second run's nap (120 s) is
+    what the timeout cuts short, no earlier than 10 s after the run began (was: a 4 s timeout,
+    which a loaded machine's pooled run could outlast)."""
+    timeout = 10
+    monkeypatch.setenv("CREATEOS_EXECUTOR_TIMEOUT_SECONDS", str(timeout))
     fill()
-    await asyncio.sleep(5)
+    await asyncio.sleep(timeout + 1)  # at least this long in the pool: a lower bound, not a verdict
     items = await drain(CreateOSExecutor().execute(unit(chat_graph(), "in time")))
     assert text(items) == "in time" and status(items).pooled
     assert executor_pool.pool().wait_full(FILL_SECONDS)
     started = time.monotonic()
     with pytest.raises(SandboxExecutionError, match="timed out"):
         await drain(CreateOSExecutor().execute(unit(middle_graph(Sleeper, "nap"), "x")))
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started >= timeout
 
 
 @pytest.mark.parametrize("how", ["killed", "paused", "deleted"])

@@ -1,26 +1,25 @@
 """Break the product on purpose, in a scratch copy, and check that the test meant to catch it fails.
 
-Issue 32 found four tests that passed on a broken product. For each, a small deliberate break
-(a mutation) of the product, applied to a copy of this repository, never to the checkout:
+The breaks are data: tests/mutations/mutations.toml, one [[mutation]] each with its edits (file,
+anchor, replacement), the test that must fail and the text that says it failed for the right
+reason. For each, the repository's tracked files (as in the working tree) and the built
+extension are copied to a scratch directory, the edits applied there (never to the checkout),
+and the test run alone, with the checkout's .venv. Then every test named runs once on an
+unmutated copy, where it must pass (the control). Mutations run one after another, each test in
+one pytest process: 2-core friendly. docs/operations.md, "Mutations".
 
-    mutation            product file                            test that must fail
-    reuse-fails         component/engine.py                     tests/reliability/test_soak.py
-    backend-leak        backend/engine.py                       tests/reliability/test_soak.py
-    guests-see-roots    local/jailer.py                         tests/local/test_isolation.py::test_guests_cannot_see_each_other_or_server_state
-    admin-faulted       local/faults.py                         tests/local/test_faults.py::test_admin_routes_are_not_faulted
-    refused-create-row  local/faults.py                         tests/reliability/test_list_memory.py
+    .venv/bin/python tests/mutations/run.py                  # every mutation, then the controls
+    .venv/bin/python tests/mutations/run.py --ci             # the CI subset (ci = true)
+    .venv/bin/python tests/mutations/run.py doctor-wrong-range seccomp-io-uring
+    .venv/bin/python tests/mutations/run.py --list           # names, tests, what each breaks
+    .venv/bin/python tests/mutations/run.py --check          # every anchor applies; no test run
+    .venv/bin/python tests/mutations/run.py --tests-from REV # tests/ and pyproject.toml of REV
 
-Each test also runs once on an unmutated copy, where it must pass. Usage (from the repository,
-with its .venv built by `make native`):
-
-    .venv/bin/python tests/mutations/run.py                 # every mutation, then the controls
-    .venv/bin/python tests/mutations/run.py backend-leak    # some of them
-    .venv/bin/python tests/mutations/run.py --tests-from REV   # tests/ and pyproject.toml of
-                                                            # REV (e.g. before issue 32) instead
-
-The soak runs for SOAK_SECONDS (60 unless set) in each copy. Exit status 0 when every mutation
-made its test fail for the stated reason and every control passed. Not collected by pytest
-(the file name does not start with test_); about 8 minutes on a loaded 2-core machine.
+`make mutations` runs it (MUTATIONS_ARGS passes arguments). Exit status 0 when every mutation
+run made its test fail with its `expect` text and every control passed. A mutation marked
+`awaits` (its test is written on another branch) runs like the others and is reported with what
+the lead must check; `--skip-awaiting` leaves those out. Not collected by pytest (the file name
+does not start with test_); tests/unit/test_mutations.py checks the table against the code.
 """
 
 from __future__ import annotations
@@ -28,98 +27,74 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (the test extra installs tomli there)
+    import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[2]
+TABLE = Path(__file__).with_name("mutations.toml")
 PKG = "langflow_sandbox_createos"
+DISTRIBUTION = "langflow-sandbox-createos"
 
-SOAK = "tests/reliability/test_soak.py"
-ISOLATION = "tests/local/test_isolation.py::test_guests_cannot_see_each_other_or_server_state"
-ADMIN = "tests/local/test_faults.py::test_admin_routes_are_not_faulted"
-LIST_MEMORY = "tests/reliability/test_list_memory.py"
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    path: str  # relative to the repository
+    anchor: str  # must occur exactly once
+    replacement: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Mutation:
     name: str
+    issue: int
     what: str
-    path: str  # relative to the repository
-    anchor: str  # must occur exactly once
-    replacement: str
-    test: str
+    test: str  # pytest arguments
     expect: str  # must appear in the failing run's output: it failed for this reason
+    edits: tuple[Edit, ...]
+    ci: bool = False
+    awaits: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def test_args(self) -> list[str]:
+        return shlex.split(self.test)
+
+    @property
+    def test_files(self) -> list[str]:
+        return [arg.split("::", 1)[0] for arg in self.test_args if not arg.startswith("-")]
 
 
-MUTATIONS = [
-    Mutation(
-        "reuse-fails",
-        "every Guest Reuse run that finds its guest fails (the first run, which creates it, works),"
-        " with a message a real fault could give",
-        f"{PKG}/component/engine.py",
-        '    sandbox_id = str(record["id"])\n    wanted_pause = int(spec["auto_pause_after_seconds"])\n',
-        '    sandbox_id = str(record["id"])\n'
-        "    if reused:  # MUTATION\n"
-        "        raise SandboxExecutionError(\n"
-        '            f"CreateOS: could not find or create the reused guest {name} within 20 s; retry later."\n'
-        "        )\n"
-        '    wanted_pause = int(spec["auto_pause_after_seconds"])\n',
-        SOAK,
-        "roles that did not mostly succeed: {'component-reuse'",
-    ),
-    Mutation(
-        "backend-leak",
-        "every backend run leaks 24 KiB",
-        f"{PKG}/backend/engine.py",
-        "        del session\n        config = _read_settings()\n",
-        "        del session\n"
-        "        _MUTATION_LEAK.append(bytearray(24 * 1024))  # MUTATION\n"
-        "        config = _read_settings()\n",
-        SOAK,
-        "the heap in use grew",
-    ),
-    Mutation(
-        "guests-see-roots",
-        "every guest sees the server's state dir, and in it every other guest's root",
-        f"{PKG}/local/jailer.py",
-        '        argv += ["--bind", str(req.layout.fs), "/", "--proc", "/proc", "--dev", "/dev"]\n',
-        '        argv += ["--bind", str(req.layout.fs), "/", "--proc", "/proc", "--dev", "/dev"]\n'
-        '        argv += ["--ro-bind", str(self.state_dir), str(self.state_dir)]  # MUTATION\n',
-        ISOLATION,
-        "AssertionError: {'stdout': '== workspace ==",  # the probe's output, not a timeout
-    ),
-    Mutation(
-        "admin-faulted",
-        "/_local/stats answers the injected faults like a /v1 route",
-        f"{PKG}/local/faults.py",
-        '        "exec_stream",\n    }\n)',
-        '        "exec_stream",\n        "local_stats",  # MUTATION\n    }\n)',
-        ADMIN,
-        "assert stats.status_code == 200",
-    ),
-    Mutation(
-        "refused-create-row",
-        "1 in 20 creates refused by an injected status still makes its guest",
-        f"{PKG}/local/faults.py",
-        "        if answer is not None:\n            await self._answer(answer, scope, receive, send)\n",
-        "        if answer is not None:\n"
-        '            if route == "create" and answer.status and random.random() < 0.05:  # MUTATION\n'
-        "\n"
-        "                async def _discard(message: Message) -> None:\n"
-        "                    return None\n"
-        "\n"
-        "                await self.app(scope, receive, _discard)\n"
-        "            await self._answer(answer, scope, receive, send)\n",
-        LIST_MEMORY,
-        "assert client.list(prefix=name) == []",
-    ),
-]
-# module-level state a mutation needs, inserted after the anchor
-PRELUDE = {"backend-leak": ("GUEST_TIMEOUT_STATUS = 124\n", "_MUTATION_LEAK: list[bytearray] = []\n")}
+def load(path: Path = TABLE) -> list[Mutation]:
+    """The table, checked for shape (unknown or missing fields, duplicate names)."""
+    with open(path, "rb") as fh:
+        rows: list[dict[str, Any]] = tomllib.load(fh)["mutation"]
+    known = {f.name for f in dataclasses.fields(Mutation)} | {"edit"}
+    mutations = []
+    for row in rows:
+        unknown = set(row) - known
+        if unknown:
+            raise SystemExit(f"{path}: mutation {row.get('name')!r} has unknown fields {sorted(unknown)}")
+        edits = tuple(Edit(e["path"], e["anchor"], e["replacement"]) for e in row.pop("edit", []))
+        if not edits:
+            raise SystemExit(f"{path}: mutation {row.get('name')!r} has no [[mutation.edit]]")
+        env = tuple(sorted((str(k), str(v)) for k, v in row.pop("env", {}).items()))
+        mutations.append(Mutation(**row, edits=edits, env=env))
+    names = [m.name for m in mutations]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"{path}: duplicate mutation names")
+    return mutations
 
 
 def tracked_files() -> list[str]:
@@ -127,9 +102,8 @@ def tracked_files() -> list[str]:
     return [p for p in out.decode().split("\0") if p]
 
 
-def make_copy(scratch: Path, tests_from: str | None) -> Path:
+def make_copy(root: Path, tests_from: str | None) -> Path:
     """The repository's tracked files (as in the working tree) and the built extension."""
-    root = scratch / "repo"
     for rel in tracked_files():
         src = REPO / rel
         if src.is_file():
@@ -138,6 +112,11 @@ def make_copy(scratch: Path, tests_from: str | None) -> Path:
             shutil.copy2(src, dst)
     for so in (REPO / PKG).glob("_createos*.so"):
         shutil.copy2(so, root / PKG / so.name)
+    # the distribution's metadata beside the package, as an installed copy has it (doctor reads
+    # the version of the copy it runs from there; the checkout's editable install names the
+    # checkout, not the copy)
+    dist = Path(str(metadata.distribution(DISTRIBUTION)._path))  # type: ignore[attr-defined]
+    shutil.copytree(dist, root / dist.name, ignore=shutil.ignore_patterns("direct_url.json", "RECORD"))
     if tests_from:  # tests/ and pytest's configuration (pyproject.toml) of that revision
         shutil.rmtree(root / "tests")
         archive = subprocess.run(
@@ -147,31 +126,28 @@ def make_copy(scratch: Path, tests_from: str | None) -> Path:
             check=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-        for name in ("mutations",):  # this script, if REV has it, is not needed there
-            shutil.rmtree(root / "tests" / name, ignore_errors=True)
     return root
 
 
-def replace_once(path: Path, anchor: str, replacement: str) -> None:
-    text = path.read_text()
-    count = text.count(anchor)
-    if count != 1:
-        raise SystemExit(f"{path}: the mutation's anchor occurs {count} times, not once:\n{anchor}")
-    path.write_text(text.replace(anchor, replacement))
+class AnchorMissing(Exception):
+    pass
 
 
 def apply(root: Path, m: Mutation) -> None:
-    target = root / m.path
-    replace_once(target, m.anchor, m.replacement)
-    if m.name in PRELUDE:
-        after, line = PRELUDE[m.name]
-        replace_once(target, after, after + line)
+    for edit in m.edits:
+        target = root / edit.path
+        text = target.read_text()
+        count = text.count(edit.anchor)
+        if count != 1:
+            raise AnchorMissing(f"{edit.path}: the anchor occurs {count} times, not once:\n{edit.anchor}")
+        target.write_text(text.replace(edit.anchor, edit.replacement))
 
 
-def run_test(root: Path, test: str, log: Path) -> tuple[int, str, float]:
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
-    env.setdefault("SOAK_SECONDS", "60")
-    check = subprocess.run(
+def run_tests(
+    root: Path, args: list[str], env_extra: dict[str, str], log: Path, stop_first: bool
+) -> tuple[int, str, float]:
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1", **env_extra}
+    where = subprocess.run(
         [sys.executable, "-c", f"import {PKG}; print({PKG}.__file__)"],
         cwd=root,
         env=env,
@@ -179,18 +155,21 @@ def run_test(root: Path, test: str, log: Path) -> tuple[int, str, float]:
         text=True,
         check=True,
     ).stdout.strip()
-    if not check.startswith(str(root)):
-        raise SystemExit(f"the copy imports {PKG} from {check}, not from {root}")
+    if not where.startswith(str(root)):
+        raise SystemExit(f"the copy imports {PKG} from {where}, not from {root}")
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        *(["-x"] if stop_first else []),
+        *args,
+    ]
     started = time.monotonic()
     with open(log, "w") as fh:
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-x", test],
-            cwd=root,
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
+        done = subprocess.run(argv, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False)
     return done.returncode, log.read_text(errors="replace"), time.monotonic() - started
 
 
@@ -207,55 +186,112 @@ def first_error(output: str) -> str:
     return ((preferred or candidates or [""])[0])[:300]
 
 
+def check(mutations: list[Mutation]) -> int:
+    """Every mutation's edits apply to the checkout's files (in memory) and its test files exist."""
+    problems = []
+    for m in mutations:
+        texts: dict[str, str] = {}
+        for edit in m.edits:
+            text = texts.get(edit.path)
+            if text is None:
+                text = (REPO / edit.path).read_text()
+            count = text.count(edit.anchor)
+            if count != 1:
+                problems.append(f"{m.name}: {edit.path}: the anchor occurs {count} times, not once")
+                continue
+            texts[edit.path] = text.replace(edit.anchor, edit.replacement)
+        problems += [f"{m.name}: no test file {f}" for f in m.test_files if not (REPO / f).is_file()]
+    for problem in problems:
+        print(problem)
+    print(f"{len(mutations)} mutations, {len(problems)} problems")
+    return 1 if problems else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
+    parser.add_argument("--ci", action="store_true", help="only the CI subset (ci = true)")
+    parser.add_argument("--skip-awaiting", action="store_true", help="leave out mutations marked awaits")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--check", action="store_true", help="check that every anchor applies, run nothing")
     parser.add_argument("--tests-from", metavar="REV", help="use tests/ of this git revision")
     parser.add_argument("--no-controls", action="store_true", help="skip the unmutated runs")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copies and logs")
     args = parser.parse_args()
-    chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
-    unknown = set(args.names) - {m.name for m in MUTATIONS}
+    table = load()
+    unknown = set(args.names) - {m.name for m in table}
     if unknown:
         parser.error(f"unknown mutation(s): {', '.join(sorted(unknown))}")
+    chosen = [
+        m
+        for m in table
+        if (not args.names or m.name in args.names)
+        and (not args.ci or m.ci)
+        and not (args.skip_awaiting and m.awaits)
+    ]
+    if args.list:
+        for m in chosen:
+            marks = " [ci]" * m.ci + " [awaits]" * bool(m.awaits)
+            print(f"{m.name}{marks} (issue {m.issue}): {m.what}\n    {m.test}")
+        return 0
+    if args.check:
+        return check(chosen)
     scratch = Path(tempfile.mkdtemp(prefix="createos-mutations-"))
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, str, str]] = []
     ok = True
+    started = time.monotonic()
     try:
         for m in chosen:
             root = make_copy(scratch / m.name, args.tests_from)
-            apply(root, m)
-            rc, output, seconds = run_test(root, m.test, scratch / f"{m.name}.log")
+            try:
+                apply(root, m)
+            except AnchorMissing as exc:
+                ok = False
+                rows.append((m.name, m.test, "ANCHOR MISSING"))
+                print(f"{m.name}: {exc}", flush=True)
+                continue
+            rc, output, seconds = run_tests(root, m.test_args, dict(m.env), scratch / f"{m.name}.log", True)
             caught = rc not in (0, 4, 5) and m.expect in output
             verdict = (
                 "CAUGHT" if caught else ("NOT CAUGHT (passed)" if rc == 0 else f"failed otherwise (rc {rc})")
             )
             ok &= caught
-            rows.append((m.name, m.test, f"{verdict} in {seconds:.0f} s", first_error(output)))
-            print(f"{m.name}: {m.what}\n  {m.test}: {rows[-1][2]}\n  {rows[-1][3]}", flush=True)
+            rows.append((m.name, m.test, f"{verdict} in {seconds:.0f} s"))
+            print(f"{m.name}: {m.what}\n  {m.test}: {rows[-1][2]}\n  {first_error(output)}", flush=True)
+            if m.awaits:
+                print(f"  awaits: {m.awaits}", flush=True)
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)
-        if not args.no_controls:
-            for test in dict.fromkeys(m.test for m in chosen):
-                root = make_copy(scratch / "control", args.tests_from)
-                rc, output, seconds = run_test(
-                    root, test, scratch / f"control-{Path(test.split('::')[0]).stem}.log"
-                )
+        if not args.no_controls and chosen:
+            root = make_copy(scratch / "control", args.tests_from)
+            by_env: dict[tuple[tuple[str, str], ...], list[str]] = {}
+            for m in chosen:
+                by_env.setdefault(m.env, [])
+                by_env[m.env] += [a for a in m.test_args if a not in by_env[m.env]]
+            for env, tests in by_env.items():
+                rc, output, seconds = run_tests(root, tests, dict(env), scratch / "control.log", False)
                 verdict = "passed" if rc == 0 else f"FAILED (rc {rc})"
                 ok &= rc == 0
-                rows.append(("(unmutated)", test, f"{verdict} in {seconds:.0f} s", first_error(output)))
-                print(f"unmutated: {test}: {rows[-1][2]}\n  {rows[-1][3]}", flush=True)
-                shutil.rmtree(root, ignore_errors=True)
+                rows.append(("(unmutated)", " ".join(tests), f"{verdict} in {seconds:.0f} s"))
+                print(f"unmutated: {' '.join(tests)}: {rows[-1][2]}\n  {first_error(output)}", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
         else:
             print(f"scratch copies and logs kept in {scratch}")
     print("\nmutation | test | result")
-    for name, test, verdict, _ in rows:
+    for name, test, verdict in rows:
         print(f"{name} | {test} | {verdict}")
+    awaiting = [m.name for m in chosen if m.awaits]
+    if awaiting:
+        print(
+            f"\nawaiting their tests from other branches (see `awaits` in {TABLE.name}): {', '.join(awaiting)}"
+        )
+    print(
+        f"\n{len(chosen)} mutations in {time.monotonic() - started:.0f} s: {'all caught' if ok else 'NOT all caught'}"
+    )
     return 0 if ok else 1
 
 

@@ -1,4 +1,4 @@
-"""Fixtures for the unit tests of the repository's scripts (benchmarks/run.py,
+"""Fixtures for the unit tests of the repository's scripts (benchmarks/run.py, tests/mutations/run.py,
 scripts/code_metrics.py): each loaded as a module, since they are scripts, not package code."""
 
 from __future__ import annotations
@@ -30,3 +30,8 @@ def bench_run() -> ModuleType:
 @pytest.fixture(scope="module")
 def cm() -> ModuleType:
     return load_script(ROOT / "scripts" / "code_metrics.py", "code_metrics")
+
+
+@pytest.fixture(scope="module")
+def mutations() -> ModuleType:
+    return load_script(ROOT / "tests" / "mutations" / "run.py", "mutations_run")
