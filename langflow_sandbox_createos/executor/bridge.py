@@ -225,6 +225,7 @@ class SandboxBridge:
         self.asked = 0
         self.served = 0
         self.refused = 0
+        self.waiting = 0  # requests past their arrival check, waiting for one of MAX_IN_FLIGHT slots
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -250,7 +251,12 @@ class SandboxBridge:
         try:
             if arrival > MAX_REQUESTS_PER_RUN:  # refused at once, without waiting for a slot
                 raise BridgeRefusal(f"more than {MAX_REQUESTS_PER_RUN} sandbox requests in one executor run")
-            async with self._slots:
+            self.waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self.waiting -= 1
+            try:
                 request = frame.get("request")
                 if request == "backend":
                     work = self._backend_work(frame)
@@ -259,6 +265,8 @@ class SandboxBridge:
                 else:
                     raise BridgeRefusal(f"unknown sandbox request {request!r}")
                 answer = await _on_bridge_threads(work)
+            finally:
+                self._slots.release()
             self.served += 1
         except BridgeRefusal as exc:
             self.refused += 1

@@ -43,13 +43,35 @@ class BridgeProbe:
     def __init__(self) -> None:
         self.arm()
 
-    def arm(self, hold_from: int | None = None, release_at: int | None = None, full_at: int = 4) -> None:
+    def arm(
+        self,
+        hold_from: int | None = None,
+        release_at: int | None = None,
+        full_at: int = 4,
+        release_if: Any = None,
+    ) -> None:
         """Calls from the `hold_from`-th (1-based) wait until `release_at` are in flight at
-        once (None: until `gate` is set); `full` is set once `full_at` are in flight."""
+        once, or `release_if(in_flight)` holds (None: until `gate` is set); `full` is set once
+        `full_at` are in flight."""
         self._lock = threading.Lock()
         self.calls = self.in_flight = self.peak = 0
         self.hold_from, self.release_at, self.full_at = hold_from, release_at, full_at
+        self.release_if = release_if
         self.gate, self.full = threading.Event(), threading.Event()
+
+    def _hold(self) -> bool:
+        """Until the gate opens (or `release_if` opens it): False if it never did."""
+        deadline = threading.Event()
+        timer = threading.Timer(HOLD_SECONDS, deadline.set)
+        timer.start()
+        try:
+            while not self.gate.is_set() and not deadline.is_set():
+                if self.release_if is not None and self.release_if(self.in_flight):
+                    self.gate.set()
+                self.gate.wait(0.005)  # a look at the condition again, never a verdict
+            return self.gate.is_set()
+        finally:
+            timer.cancel()
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
@@ -67,7 +89,7 @@ class BridgeProbe:
             if self.in_flight >= self.full_at:
                 self.full.set()
         try:
-            if self.hold_from is not None and index >= self.hold_from and not self.gate.wait(HOLD_SECONDS):
+            if self.hold_from is not None and index >= self.hold_from and not self._hold():
                 raise SandboxExecutionError("the test never let the probe go")
             return SandboxResult(stdout=f"probe call {index}\n", stderr="", exit_code=0, execution_time_ms=0)
         finally:
@@ -133,23 +155,44 @@ async def until(event: threading.Event) -> None:
     await done
 
 
+def watch_bridges(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every SandboxBridge made from now on (the host's side of each run)."""
+    made: list[Any] = []
+    original = executor_sandbox.SandboxBridge.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(executor_sandbox.SandboxBridge, "__init__", init)
+    return made
+
+
 async def test_a_burst_past_the_cap_is_served_up_to_it_and_refused_beyond_in_arrival_order(
-    probe: BridgeProbe, memory: HostMemory
+    probe: BridgeProbe, memory: HostMemory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """300 requests in one write, after the Python Interpreter's own (reply 1): replies 2-256
     are served (256 with the node's own), 257-301 each refused, and no more than 4 ran on the
     host at once (the probe holds the burst's calls until 4 are in flight together). Fails on
     ac8509d: the cap was compared after waiting for a slot, when all 301 had arrived, so the
     burst was refused whole."""
-    cap = executor_sandbox.MAX_REQUESTS_PER_RUN
-    probe.arm(hold_from=2, release_at=executor_sandbox.MAX_IN_FLIGHT)
+    cap, slots = executor_sandbox.MAX_REQUESTS_PER_RUN, executor_sandbox.MAX_IN_FLIGHT
+    bridges = watch_bridges(monkeypatch)
+    # held until the cap is seen to hold (a full set in flight and one more waiting for a slot),
+    # or seen broken (more than a full set in flight): a verdict by state, not by time
+    probe.arm(
+        hold_from=2,
+        release_if=lambda in_flight: (
+            in_flight > slots or (in_flight == slots and any(b.waiting for b in bridges))
+        ),
+    )
     ours = await run_flow(CreateOSExecutor(), burst_graph(300, "burst"), memory, "s-burst", [])
     got = report(ours)
     assert got["served"] == list(range(2, cap + 1)), got["served"][:10]
     assert [int(n) for n in got["refused"]] == list(range(cap + 1, 302))
     assert all(f"more than {cap} sandbox requests" in m for m in got["refused"].values()), got["refused"]
     assert probe.calls == cap
-    assert probe.peak == executor_sandbox.MAX_IN_FLIGHT
+    assert probe.peak == slots
 
 
 async def test_runs_filling_the_bridge_threads_leave_the_default_pool_and_other_runs_alone(
