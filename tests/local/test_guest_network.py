@@ -368,8 +368,10 @@ def _fds(pid: int) -> int:
 def test_connections_are_capped_per_client_and_idle_ones_closed() -> None:
     """4,000 idle connections once grew the server to 4,022 descriptors. Now one address holds
     at most its cap, silent connections are closed, and other clients are served meanwhile.
-    The server is watched until it has handled every one of the 1,000 connections (admitted
-    or refused, by its own counts), not for a fixed time: the cap must hold at every look."""
+    The server is watched until it has taken in every one of the 1,000 connections and closed
+    every one over the cap (by its own counts: a new connection over the cap pushes out the
+    address's oldest one that never showed the key), not for a fixed time: the cap must hold
+    at every look."""
     args = ["--max-connections-per-client", "50", "--idle-connection-seconds", "2"]
     hostile = 1000
     with LocalControlPlane(extra_args=args) as plane:
@@ -392,14 +394,16 @@ def test_connections_are_capped_per_client_and_idle_ones_closed() -> None:
                 most_open = max(most_open, stats["connections_open"])
                 admitted = stats["connections_opened"] - start["connections_opened"] - polls
                 refused = stats["connections_refused"] - start["connections_refused"]
-                if admitted + refused >= hostile:
+                # every connection taken in (a new one over the cap pushes out the address's
+                # oldest that never showed the key, issue 42) and every one over the cap closed
+                if admitted >= hostile and refused >= hostile - 50:
                     break
                 assert time.monotonic() < deadline, (admitted, refused, stats)
                 time.sleep(0.02)  # the pace of the looks, not a verdict
-            assert admitted + refused == hostile, (admitted, refused)
+            assert admitted == hostile, (admitted, refused)
             # at most the cap of the hostile address, the look itself and the one before it
             assert most_open <= 50 + 2 and most_fds <= baseline + 50 + 10, (most_open, most_fds, baseline)
-            assert admitted >= 50 and refused > 0, (admitted, refused)
+            assert refused >= hostile - 50, (admitted, refused)
             with make_client(plane, timeout=10) as other:
                 assert data(other.get("/v1/whoami"))  # another client is served meanwhile
             deadline = time.monotonic() + 60
