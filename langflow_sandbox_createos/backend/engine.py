@@ -405,26 +405,31 @@ def _preflight(endpoint: connection.Endpoint) -> None:
     """GET /v1/whoami once per endpoint (a new key or base URL is a new endpoint)."""
     if endpoint.preflight_ok:
         return
-    native = load_native()
     with endpoint.lock:
         if endpoint.preflight_ok:
             return
-        try:
+        with failures.native_errors(
+            "verify the API key (GET /v1/whoami)", refine=lambda exc: _preflight_refusal(endpoint, exc)
+        ):
             who = endpoint.client.whoami()  # type: ignore[attr-defined]
-        except native.CreateOSError as exc:
-            if isinstance(exc, native.TransientError) and exc.status is None:
-                raise SandboxUnavailableError(
-                    f"CreateOS control plane at {endpoint.base_url} is unreachable ({exc}). "
-                    "Check CREATEOS_SANDBOX_BASE_URL and the network."
-                ) from None
-            if isinstance(exc, native.ProtocolError):
-                raise SandboxUnavailableError(
-                    f"{endpoint.base_url} did not answer like a CreateOS control plane ({exc}). "
-                    "Check CREATEOS_SANDBOX_BASE_URL."
-                ) from None
-            raise failures.to_lfx_error(exc, "verify the API key (GET /v1/whoami)") from None
         endpoint.isolation = connection.plane_isolation(who)
         endpoint.preflight_ok = True
+
+
+def _preflight_refusal(endpoint: connection.Endpoint, exc: BaseException) -> BaseException | None:
+    """A whoami that never reached a control plane, or reached something else: said so."""
+    native = load_native()
+    if isinstance(exc, native.TransientError) and exc.status is None:
+        return SandboxUnavailableError(
+            f"CreateOS control plane at {endpoint.base_url} is unreachable ({exc}). "
+            "Check CREATEOS_SANDBOX_BASE_URL and the network."
+        )
+    if isinstance(exc, native.ProtocolError):
+        return SandboxUnavailableError(
+            f"{endpoint.base_url} did not answer like a CreateOS control plane ({exc}). "
+            "Check CREATEOS_SANDBOX_BASE_URL."
+        )
+    return None
 
 
 class _Program:

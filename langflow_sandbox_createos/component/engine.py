@@ -662,11 +662,6 @@ sweeper = _Sweeper()
 # --- one run -------------------------------------------------------------------------------
 
 
-@dataclass
-class _Phase:
-    action: str = "reach the CreateOS control plane"
-
-
 def _max_output_bytes() -> int:
     with failures.refusing_bad_settings():
         return settings.max_output_bytes()
@@ -848,7 +843,7 @@ def _run_reused(
     egress: tuple[str, ...],
     max_output: int,
     on_output: OutputCallback | None,
-    phase: _Phase,
+    phase: failures.Doing,
     note: Callable[[str], None],
     idle_limit: int,
 ) -> RunOutcome:
@@ -899,7 +894,7 @@ def _run_fresh(
     spec: dict[str, Any],
     max_output: int,
     on_output: OutputCallback | None,
-    phase: _Phase,
+    phase: failures.Doing,
     note: Callable[[str], None],
 ) -> RunOutcome:
     client: Any = endpoint.client
@@ -968,7 +963,6 @@ def run(
             "Set the Shape input or CREATEOS_SANDBOX_SHAPE to one of them."
         )
     egress = network.egress_rules(req.allow_network)
-    phase = _Phase()
 
     def announce_wait(ahead: int, in_flight: int) -> None:
         text = (
@@ -991,18 +985,17 @@ def run(
             )
         ) from None
     try:
-        if req.reuse:
-            busy = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
-            spec = _spec(endpoint, req, rootfs, egress, busy)
-            outcome = _run_reused(
-                endpoint, native, req, spec, egress, max_output, on_output, phase, note, idle_limit
-            )
-        else:
-            spec = _spec(endpoint, req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
-            outcome = _run_fresh(endpoint, native, req, spec, max_output, on_output, phase, note)
-            outcome.reuse_notice = notice
-    except native.CreateOSError as exc:
-        raise failures.to_lfx_error(exc, phase.action) from None
+        with failures.native_errors("reach the CreateOS control plane") as phase:
+            if req.reuse:
+                busy = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
+                spec = _spec(endpoint, req, rootfs, egress, busy)
+                outcome = _run_reused(
+                    endpoint, native, req, spec, egress, max_output, on_output, phase, note, idle_limit
+                )
+            else:
+                spec = _spec(endpoint, req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
+                outcome = _run_fresh(endpoint, native, req, spec, max_output, on_output, phase, note)
+                outcome.reuse_notice = notice
     finally:
         admission.component_line.leave()
     if not req.allow_network:

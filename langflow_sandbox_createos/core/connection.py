@@ -7,16 +7,14 @@ Importing this module is cheap and reads no settings.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 
 from langflow_sandbox_createos import __version__
-from langflow_sandbox_createos.core import failures, settings
+from langflow_sandbox_createos.core import failures, hooks, settings
 from langflow_sandbox_createos.core.native import load_native
 
 logger = logging.getLogger("langflow_sandbox_createos")
@@ -99,13 +97,10 @@ class _Endpoints:
         with self._lock:
             endpoint = self._by_key.get((url, digest, control_timeout))
             if endpoint is None:
-                native = load_native()
-                try:
-                    client = native.Client(
+                with failures.native_errors("configure the CreateOS client"):
+                    client = load_native().Client(
                         url, key.value, user_agent=USER_AGENT, control_timeout=float(control_timeout)
                     )
-                except native.CreateOSError as exc:
-                    raise failures.to_lfx_error(exc, "configure the CreateOS client") from None
                 endpoint = Endpoint(
                     client=client,
                     base_url=url,
@@ -137,8 +132,7 @@ class _Endpoints:
 
 
 endpoints = _Endpoints()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=endpoints.reset_after_fork)
+hooks.after_fork("endpoints", endpoints.reset_after_fork)
 
 
 def log_pending_deletes(timeout: float) -> None:
@@ -156,4 +150,4 @@ def log_pending_deletes(timeout: float) -> None:
 
 
 EXIT_DRAIN_SECONDS = 5.0
-atexit.register(log_pending_deletes, EXIT_DRAIN_SECONDS)
+hooks.at_exit("delete outcomes", lambda: log_pending_deletes(EXIT_DRAIN_SECONDS))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
@@ -70,12 +70,43 @@ def describe(exc: BaseException) -> str:
 
 def to_lfx_error(exc: BaseException, action: str) -> SandboxExecutionError:
     """Map a native error onto lfx's classes: refusals and non-429 4xx fail closed as
-    SandboxUnavailableError; 429, 5xx, transport and protocol faults are SandboxExecutionError."""
+    SandboxUnavailableError; 429, 5xx, transport and protocol faults are SandboxExecutionError.
+    An error that names its guest (run_program's) says the guest is being deleted."""
     native = load_native()
     message = f"CreateOS: could not {action}: {describe(exc)}"
+    guest = getattr(exc, "sandbox_id", None)
+    if guest:
+        message += f" (guest {guest}, which is being deleted)"
     if isinstance(exc, native.UnavailableError):
         return SandboxUnavailableError(message)
     return SandboxExecutionError(message)
+
+
+class Doing:
+    """What a run is doing, named by the error if a native call fails meanwhile."""
+
+    __slots__ = ("action",)
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+
+
+@contextlib.contextmanager
+def native_errors(
+    action: str, *, refine: Callable[[BaseException], BaseException | None] | None = None
+) -> Iterator[Doing]:
+    """The one place native errors become lfx's (httpx's ``map_httpcore_exceptions`` is the
+    model): a native error raised in the body is raised again as :func:`to_lfx_error` makes
+    it, naming ``action``, or what the body set ``doing.action`` to since (``with
+    native_errors("create a guest") as doing: ...``). ``refine`` may answer an error its own
+    way first (None: the common mapping). The native error is not chained: it may quote what
+    a server sent."""
+    doing = Doing(action)
+    native = load_native()
+    try:
+        yield doing
+    except native.CreateOSError as exc:
+        raise (refine(exc) if refine is not None else None) or to_lfx_error(exc, doing.action) from None
 
 
 # --- guests whose create or delete did not go as planned ------------------------------------

@@ -38,7 +38,7 @@ import threading
 import time
 from typing import IO, TYPE_CHECKING, Any
 
-from langflow_sandbox_createos.core import with_this_package_importable
+from langflow_sandbox_createos.core import hooks, with_this_package_importable
 
 if TYPE_CHECKING:
     from langflow_sandbox_createos.core.connection import Endpoint
@@ -196,8 +196,7 @@ def _one_line(sandbox_id: str) -> bool:
 
 
 keepers = _Keepers()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=keepers.forget_after_fork)
+hooks.after_fork("guest keepers", keepers.forget_after_fork)
 
 
 def hold(endpoint: Endpoint, sandbox_id: str) -> None:

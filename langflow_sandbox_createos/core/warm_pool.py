@@ -42,9 +42,7 @@ Design points (docs/performance.md has the costs):
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import threading
 import time
 import weakref
@@ -53,7 +51,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from langflow_sandbox_createos.core import failures, pool_keeper
+from langflow_sandbox_createos.core import failures, hooks, pool_keeper
 from langflow_sandbox_createos.core.guest_spec import GuestSpec
 
 logger = logging.getLogger("langflow_sandbox_createos.warm_pool")
@@ -493,6 +491,5 @@ def _forget_all_after_fork() -> None:
         pool.forget_after_fork()  # pool_keeper forgets the parent's held guests on its own
 
 
-atexit.register(_shutdown_all)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_all_after_fork)
+hooks.at_exit("warm pools", _shutdown_all)
+hooks.after_fork("warm pools", _forget_all_after_fork)

@@ -39,11 +39,12 @@ import asyncio
 import base64
 import contextvars
 import logging
-import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from langflow_sandbox_createos.core import hooks
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -100,7 +101,7 @@ def _forget_pool_in_child() -> None:
     _pool, _pool_lock = None, threading.Lock()  # the parent's threads are not the child's
 
 
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+hooks.after_fork("bridge threads", _forget_pool_in_child)
 
 
 async def _on_bridge_threads(work: Callable[[], _T]) -> _T:

@@ -6,7 +6,6 @@ warm pool (``executor/pool.py``) starts the same run type ahead of need.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import functools
 import json
@@ -19,7 +18,15 @@ from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import admission, budget, connection, failures, guest_spec, pool_keeper
+from langflow_sandbox_createos.core import (
+    admission,
+    budget,
+    connection,
+    failures,
+    guest_spec,
+    hooks,
+    pool_keeper,
+)
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, spec_mac, tail
@@ -114,17 +121,14 @@ def wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
         worker.join(max(0.0, deadline - time.monotonic()))
 
 
-atexit.register(wait_for_deletes)
-
-
 def _after_fork_in_child() -> None:
     global _deleting_lock
     _deleting_lock = threading.Lock()  # a parent's thread may have held it at the fork
     _deleting.clear()  # the parent's threads are not ours
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+hooks.at_exit("guest deletes", wait_for_deletes)
+hooks.after_fork("guest deletes", _after_fork_in_child)
 
 
 # --- one run ------------------------------------------------------------------------------
@@ -183,11 +187,12 @@ class _Run:
     def _create_blocking(self) -> str:
         native = load_native()
         spec = self._create_spec()
-        try:
-            created = self.client.create(spec)
-        except native.CreateOSError as exc:
-            failures.reap_lost_create(self.client, spec["name"], exc)
-            raise failures.to_lfx_error(exc, "create the executor guest") from None
+        with failures.native_errors("create the executor guest"):
+            try:
+                created = self.client.create(spec)
+            except native.CreateOSError as exc:
+                failures.reap_lost_create(self.client, spec["name"], exc)
+                raise
         sandbox_id = created.get("id") if isinstance(created, dict) else None
         if not isinstance(sandbox_id, str):
             raise SandboxExecutionError(f"CreateOS: create answered without a sandbox id: {created!r}")
@@ -343,7 +348,6 @@ class _Run:
         logger.debug("CreateOS executor: unframed guest stdout: %s", line[:500])
 
     def _exec_blocking(self, stdin: str) -> None:
-        native = load_native()
         reader = FrameReader(
             key=bytes.fromhex(self.token),
             on_frame=lambda frame: self._push("frame", frame),
@@ -360,23 +364,22 @@ class _Run:
                 self._on_stderr(text)
 
         try:
-            result = self.client.exec(
-                self.sandbox_id,
-                PYTHON,
-                ["-c", BOOTSTRAP],
-                stdin=stdin,
-                timeout=self.exec_timeout,
-                max_output_bytes=self.cfg.max_output_bytes,
-                stream=True,
-                on_output=on_output,
-            )
+            with failures.native_errors("run the flow in the executor guest"):
+                result = self.client.exec(
+                    self.sandbox_id,
+                    PYTHON,
+                    ["-c", BOOTSTRAP],
+                    stdin=stdin,
+                    timeout=self.exec_timeout,
+                    max_output_bytes=self.cfg.max_output_bytes,
+                    stream=True,
+                    on_output=on_output,
+                )
             if not result.streamed:  # buffered fallback: no live output, parse it all now
                 reader.feed(result.stdout)
                 self._on_stderr(result.stderr)
             reader.close()
             self._push("end", result)
-        except native.CreateOSError as exc:
-            self._push("error", failures.to_lfx_error(exc, "run the flow in the executor guest"))
         except BaseException as exc:  # never lose an exception on this thread
             self._push("error", exc)
 
@@ -391,12 +394,13 @@ class _Run:
         body = compact_json(self._wire_spec()).encode()
         data = spec_mac(bytes.fromhex(self.token), body).encode("ascii") + b"\n" + body
         native = load_native()
-        try:
-            await asyncio.to_thread(self.client.upload, self.sandbox_id, SPEC_PATH, data)
-        except native.CreateOSError as exc:
-            if getattr(exc, "status", None) in (404, 409):
-                return False
-            raise failures.to_lfx_error(exc, "upload the run spec to the pooled executor guest") from None
+        with failures.native_errors("upload the run spec to the pooled executor guest"):
+            try:
+                await asyncio.to_thread(self.client.upload, self.sandbox_id, SPEC_PATH, data)
+            except native.CreateOSError as exc:
+                if getattr(exc, "status", None) in (404, 409):
+                    return False
+                raise
         return True
 
     async def stage(self) -> str:
@@ -410,22 +414,16 @@ class _Run:
         wire = self._wire_spec()
         secret = {name: wire.pop(name, None) for name in STDIN_ONLY_FIELDS}
         data = compact_json(wire).encode()
-        native = load_native()
-        try:
+        with failures.native_errors("upload the run spec to the executor guest"):
             await asyncio.to_thread(self.client.upload, self.sandbox_id, path, data)
-        except native.CreateOSError as exc:
-            raise failures.to_lfx_error(exc, "upload the run spec to the executor guest") from None
         return runner_stdin(self.token, spec_path=json.dumps(path), secret=compact_json(secret))
 
     async def reply(self, name: str, answer: Mapping[str, Any]) -> None:
         """Answer a request the guest waits on (`reply-<n>`: a stored message's id; `sandbox-<n>`:
         a sandboxed node's result) with a file in its reply directory."""
         data = json.dumps(dict(answer), separators=(",", ":")).encode()
-        native = load_native()
-        try:
+        with failures.native_errors("answer a request of the executor guest"):
             await asyncio.to_thread(self.client.upload, self.sandbox_id, f"{REPLY_DIR}/{name}", data)
-        except native.CreateOSError as exc:
-            raise failures.to_lfx_error(exc, "answer a request of the executor guest") from None
 
     def start_exec(self, stdin: str) -> None:
         threading.Thread(
