@@ -22,7 +22,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError
 
 import langflow_sandbox_createos
 from langflow_sandbox_createos.backend.engine import create_backend
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import reuse
 from langflow_sandbox_createos.executor import CreateOSExecutor
 from langflow_sandbox_createos.executor import bridge as executor_sandbox
 
@@ -249,7 +249,7 @@ FILES_CODE = (
 async def test_the_component_runs_on_the_host_engine(
     host_backend: Any, memory: HostMemory, component_cls: type, params: dict[str, Any], keeps: int
 ) -> None:
-    sandbox_run.guest_ids.clear()
+    reuse.guest_ids.clear()
     before = {sb["id"] for sb in guests(host_backend)}
     reference, ours = await both(lambda: sandbox_graph(component_cls, **params), memory, "s-comp")
     results = shown(ours)
@@ -263,7 +263,7 @@ async def test_the_component_runs_on_the_host_engine(
     if params.get("collect_artifacts"):
         assert results["artifact_count"] == 2
     made = names_since(host_backend, before)
-    reused = [sb for sb in host_backend.live_sandboxes() if sb["name"].startswith(sandbox_run.NAME_PREFIX)]
+    reused = [sb for sb in host_backend.live_sandboxes() if sb["name"].startswith(reuse.NAME_PREFIX)]
     if keeps:  # in-process and in the guest: the same reused guest (the host's identity)
         assert len(reused) == 1, reused
         for sb in reused:
@@ -320,7 +320,7 @@ async def test_a_guest_cannot_ask_for_runs_its_nodes_would_not_make(
     forged = report["forged_settings"]
     assert forged["stdout"] == "node program\n", forged  # the node's program, not the guest's
     guest = sandbox_view(host_backend, forged["sandbox_id"])
-    assert guest["name"].startswith(sandbox_run.NAME_PREFIX) and guest["id"] not in before
+    assert guest["name"].startswith(reuse.NAME_PREFIX) and guest["id"] not in before
     # the node's settings: no network, the default shape and image, no reuse
     assert (guest["egress"], guest["shape"], guest["rootfs"]) == (["240.0.0.0/4"], "s-2vcpu-4gb", "devbox:1")
     made = [sb for sb in host_backend.sandboxes() if sb["id"] not in before]

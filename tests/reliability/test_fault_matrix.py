@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 from waiting import wait_status
 
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import reuse, wrapper
 from langflow_sandbox_createos.core import budget, connection, failures, network
 from langflow_sandbox_createos.executor import run as executor_module
 
@@ -84,9 +84,7 @@ def _component_id(case: Case) -> str:
 
 
 def _reuse_name(case: Case) -> str:
-    return sandbox_run.reuse_name(
-        "noflow", _component_id(case), network.egress_rules(False), harness.REUSE_OWNER
-    )
+    return reuse.reuse_name("noflow", _component_id(case), network.egress_rules(False), harness.REUSE_OWNER)
 
 
 def _env(case: Case, lane: Lane) -> dict[str, str]:
@@ -308,7 +306,7 @@ def _run_case(case: Case, lane: Lane, logs: harness.LogCapture) -> CaseResult:
         finally:
             lane.plane.clear_faults()
             lane.plane.delete_all()
-            sandbox_run.guest_ids.forget(_reuse_name(case))
+            reuse.guest_ids.forget(_reuse_name(case))
             lane.plane.wait_until_no_live(timeout=10.0)
     return result
 
@@ -327,10 +325,10 @@ def _matrix_patches(phase: str) -> Iterator[None]:
     try:
         mp.setattr(budget, "BACKEND_GRACE_SECONDS", matrix.BACKEND_GRACE)
         mp.setattr(budget, "COMPONENT_GRACE_SECONDS", matrix.COMPONENT_GRACE)
-        mp.setattr(sandbox_run, "ARCHIVE_BUDGET_SECONDS", matrix.COMPONENT_ARCHIVE)
-        mp.setattr(sandbox_run, "lock_wait_seconds", lambda timeout: matrix.COMPONENT_LOCK_WAIT)
-        mp.setattr(sandbox_run, "PENDING_WAIT_SECONDS", matrix.COMPONENT_PENDING_WAIT)
-        mp.setattr(sandbox_run, "GUEST_READY_SECONDS", matrix.COMPONENT_READY)
+        mp.setattr(wrapper, "ARCHIVE_BUDGET_SECONDS", matrix.COMPONENT_ARCHIVE)
+        mp.setattr(wrapper, "lock_wait_seconds", lambda timeout: matrix.COMPONENT_LOCK_WAIT)
+        mp.setattr(wrapper, "PENDING_WAIT_SECONDS", matrix.COMPONENT_PENDING_WAIT)
+        mp.setattr(reuse, "GUEST_READY_SECONDS", matrix.COMPONENT_READY)
         mp.setattr(budget, "EXECUTOR_GRACE_SECONDS", matrix.EXECUTOR_GRACE)
         if phase == "spec-upload":
             # every executor run uploads its spec (normally only specs over 4 MiB do)
