@@ -11,9 +11,10 @@ The guest side of a run is the `/bin/sh` wrapper of `wrapper.py`; Guest Reuse (n
 guests kept per flow, node, user and network setting) is `reuse.py`; the returned files
 are read by `artifacts.py`.
 
-A run's own guest (Guest Reuse off) is held in the process's `pool_keeper` from its create
-until its delete: a process that ends mid-run, however it ends, leaves it to the keeper, which
-deletes it. A reused guest is not held: it outlives the run and the process on purpose (other
+A run's guest and its slot in the component's admission line are a guest lease's
+(`core/lease.py`): a run's own guest (Guest Reuse off) is held by the guest keeper from its
+create until its delete, so a process that ends mid-run, however it ends, leaves it to the
+keeper, which deletes it. A reused guest is leased unheld: it outlives the run and the process on purpose (other
 workers of the same flow share it; the product page's "Before you turn Guest Reuse on"), and
 idle expiry, the sweep, auto-pause and `reap` bound it.
 """
@@ -25,7 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from lfx.utils.sandbox.base import SandboxUnavailableError
 
@@ -33,18 +34,19 @@ from langflow_sandbox_createos.component import artifacts, reuse, wrapper
 from langflow_sandbox_createos.component.reuse import NAME_PREFIX
 from langflow_sandbox_createos.component.wrapper import Mode
 from langflow_sandbox_createos.core import (
-    admission,
     connection,
     failures,
     guest_spec,
+    lease,
     network,
-    pool_keeper,
-    program_clock,
     settings,
     shape_catalog,
 )
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import DEFAULT_COMPONENT_SHAPE
+
+if TYPE_CHECKING:
+    from langflow_sandbox_createos._createos import ExecResult
 
 logger = logging.getLogger("langflow_sandbox_createos.component")
 
@@ -291,44 +293,32 @@ def _max_output_bytes() -> int:
         return settings.max_output_bytes()
 
 
-def _outcome(result: Any, req: RunRequest, sandbox_id: str | None, reused: bool) -> RunOutcome:
-    stderr, program_ms = program_clock.split_trailer(result.stderr)  # the wrapper's clock
-    if result.stderr_truncated:
-        stderr = program_clock.strip_cut_trailer(stderr)
-    exit_code = int(result.exit_code)
-    timed_out = bool(result.timed_out) or exit_code == 124
-    start_error = result.error or None
-    if start_error and exit_code == 0:
+def _outcome(result: ExecResult, req: RunRequest, sandbox_id: str | None, reused: bool) -> RunOutcome:
+    done = lease.finished(result)  # the wrapper's clock trailer off stderr, its 124 read
+    exit_code = done.exit_code
+    if done.start_error and exit_code == 0:
         exit_code = -1  # a command that never started must not read as a success
-    if result.timed_out:
+    if done.host_timed_out:
         exit_code = -1
     return RunOutcome(
-        stdout=result.stdout,
-        stderr=stderr,
+        stdout=done.stdout,
+        stderr=done.stderr,
         exit_code=exit_code,
         sandbox_id=sandbox_id,
         reused_guest=reused,
         timeout=req.timeout,
-        timed_out=timed_out,
-        start_error=start_error,
-        output_truncated=bool(result.stdout_truncated or result.stderr_truncated),
-        exec_ms=result.exec_ms if result.exec_ms is not None else program_ms,
+        timed_out=done.host_timed_out or done.guest_timed_out,
+        start_error=done.start_error,
+        output_truncated=done.stdout_truncated or done.stderr_truncated,
+        exec_ms=done.exec_ms,
     )
 
 
-def _collect(
-    client: Any,
-    native: Any,
-    sandbox_id: str,
-    program: wrapper.GuestProgram,
-    outcome: RunOutcome,
-    retry: Callable,
-) -> None:
+def _collect(guest: lease.Lease, program: wrapper.GuestProgram, outcome: RunOutcome, retry: Callable) -> None:
     """Download and read the run's archive into `outcome`; failures are reported, not raised."""
+    native = load_native()
     try:
-        blob = retry(
-            lambda: client.download(sandbox_id, program.archive_path, max_bytes=artifacts.MAX_ARCHIVE_BYTES)
-        )
+        blob = retry(lambda: guest.download(program.archive_path, artifacts.MAX_ARCHIVE_BYTES))
     except native.NotFoundError:
         outcome.artifacts_truncated = True
         outcome.artifacts_message = (
@@ -349,18 +339,12 @@ def _collect(
     outcome.artifacts_message = extraction.message
 
 
-def _upload_and_exec(
-    client: Any,
-    sandbox_id: str,
-    program: wrapper.GuestProgram,
-    max_output: int,
-    on_output: OutputCallback | None,
-) -> Any:
-    """Run `program` on an existing guest: its files go up first, then one exec."""
-    for path, data in program.files:
-        client.upload(sandbox_id, path, data)
-    return client.exec(
-        sandbox_id,
+def _stage_and_exec(
+    guest: lease.Lease, program: wrapper.GuestProgram, max_output: int, on_output: OutputCallback | None
+) -> ExecResult:
+    """Run `program` on the guest: its files go up first, then one exec."""
+    guest.stage(program.files)
+    return guest.exec(
         "/bin/sh",
         program.argv,
         stdin=program.stdin,
@@ -370,42 +354,44 @@ def _upload_and_exec(
     )
 
 
-def _run_reused(
-    endpoint: connection.Endpoint,
-    native: Any,
-    req: RunRequest,
-    spec: dict[str, Any],
-    egress: tuple[str, ...],
-    max_output: int,
-    on_output: OutputCallback | None,
-    phase: failures.Doing,
-    note: Callable[[str], None],
-    idle_limit: int,
-) -> RunOutcome:
-    client: Any = endpoint.client
-    name = str(spec["name"])
+@dataclass(frozen=True)
+class _Run:
+    """What both kinds of run are made of, judged before any guest exists."""
+
+    endpoint: connection.Endpoint
+    req: RunRequest
+    guest: guest_spec.GuestSpec
+    max_output: int
+    on_output: OutputCallback | None
+    note: Callable[[str], None]
+
+
+def _run_reused(run: _Run, doing: failures.Doing, idle_limit: int) -> RunOutcome:
+    req, endpoint, note = run.req, run.endpoint, run.note
+    native = load_native()
+    name = reuse.reuse_name(req.flow_id, req.component_id, run.guest.egress, req.owner or ())
     if reuse.sweeper.due():
-        phase.action = "delete idle reused guests"
-        reuse.sweeper.sweep(client, native, idle_limit)
-    phase.action = f"find or create the reused guest {name}"
+        doing.action = "delete idle reused guests"
+        reuse.sweeper.sweep(endpoint, idle_limit)
+    doing.action = f"find or create the reused guest {name}"
     note(f"Finding guest {name}…")
     expired: list[str] = []
     record, reused = reuse.acquire_reused_guest(
-        endpoint, native, name, spec, egress, req.allow_network, idle_limit=idle_limit, expired=expired
+        endpoint, native, name, run.guest, req.allow_network, idle_limit=idle_limit, expired=expired
     )
-    sandbox_id = str(record["id"])
-    wanted_pause = int(spec["auto_pause_after_seconds"])
+    kept = lease.Lease.kept(endpoint, str(record["id"]))
+    sandbox_id = kept.sandbox_id
     current_pause = record.get("auto_pause_after_seconds")
-    if isinstance(current_pause, int) and current_pause < wanted_pause:
-        phase.action = f"raise the auto-pause window of guest {sandbox_id}"
-        client.patch(sandbox_id, {"auto_pause_after_seconds": wanted_pause})
-    reuse.after_acquire(client, sandbox_id)
+    if isinstance(current_pause, int) and current_pause < run.guest.auto_pause_seconds:
+        doing.action = f"raise the auto-pause window of guest {sandbox_id}"
+        endpoint.client.patch(sandbox_id, {"auto_pause_after_seconds": run.guest.auto_pause_seconds})
+    reuse.after_acquire(endpoint.client, sandbox_id)
     program = wrapper.build_program(req, lock=True)
-    retry = reuse.resume_retry(client, native, sandbox_id)
+    retry = reuse.resume_retry(endpoint.client, native, sandbox_id)
 
-    phase.action = f"run the program on guest {sandbox_id}"
+    doing.action = f"run the program on guest {sandbox_id}"
     note(f"Running on {'reused' if reused else 'new'} guest {sandbox_id}…")
-    result = retry(lambda: _upload_and_exec(client, sandbox_id, program, max_output, on_output))
+    result = retry(lambda: _stage_and_exec(kept, program, run.max_output, run.on_output))
     outcome = _outcome(result, req, sandbox_id, reused)
     if expired:
         outcome.reuse_notice = (
@@ -414,57 +400,33 @@ def _run_reused(
         )
     if req.collect:
         note("Collecting files…")
-        _collect(client, native, sandbox_id, program, outcome, retry)
+        _collect(kept, program, outcome, retry)
         try:
-            client.exec(sandbox_id, "/bin/rm", ["-f", program.archive_path], timeout=30.0, stream=False)
+            kept.exec("/bin/rm", ["-f", program.archive_path], timeout=30.0, stream=False)
         except native.CreateOSError as exc:  # the next run drops it after its pending wait
             logger.warning("could not remove %s on guest %s: %s", program.archive_path, sandbox_id, exc)
     return outcome
 
 
-def _run_fresh(
-    endpoint: connection.Endpoint,
-    native: Any,
-    req: RunRequest,
-    spec: dict[str, Any],
-    max_output: int,
-    on_output: OutputCallback | None,
-    phase: failures.Doing,
-    note: Callable[[str], None],
-) -> RunOutcome:
-    client: Any = endpoint.client
-    program = wrapper.build_program(req, lock=False)
-    spec = {**spec, "name": guest_spec.random_name(NAME_PREFIX)}
-    phase.action = "create a guest"
-    note("Creating a guest…")
-    sandbox_id = _create_held(endpoint, native, spec)
+def _run_fresh(run: _Run, doing: failures.Doing) -> RunOutcome:
+    program = wrapper.build_program(run.req, lock=False)
+    doing.action = "create a guest"
+    run.note("Creating a guest…")
+    own = lease.Lease.create(run.endpoint, run.guest, guest_spec.random_name(NAME_PREFIX))
+    sandbox_id = own.sandbox_id
     try:
-        phase.action = f"run the program on guest {sandbox_id}"
-        note(f"Running on new guest {sandbox_id}…")
-        result = _upload_and_exec(client, sandbox_id, program, max_output, on_output)
-        outcome = _outcome(result, req, sandbox_id, False)
-        if req.collect:
-            note("Collecting files…")
-            _collect(client, native, sandbox_id, program, outcome, lambda fn: fn())
+        doing.action = f"run the program on guest {sandbox_id}"
+        run.note(f"Running on new guest {sandbox_id}…")
+        result = _stage_and_exec(own, program, run.max_output, run.on_output)
+        outcome = _outcome(result, run.req, sandbox_id, False)
+        if run.req.collect:
+            run.note("Collecting files…")
+            _collect(own, program, outcome, lambda fn: fn())
         return outcome
-    finally:
-        try:
-            pool_keeper.delete(client, sandbox_id)
-        except native.CreateOSError as exc:  # still held: the keeper tries again at exit
-            logger.warning("could not delete guest %s: %s", sandbox_id, failures.describe(exc))
-
-
-def _create_held(endpoint: connection.Endpoint, native: Any, spec: dict[str, Any]) -> str:
-    """Create a run's own guest and hold it in the pool keeper until it is deleted, so a
-    process killed mid-run leaves it to the keeper."""
-    client: Any = endpoint.client
-    try:
-        sandbox_id = str(client.create(spec)["id"])
-    except native.CreateOSError as exc:
-        failures.reap_lost_create(client, spec["name"], exc)
-        raise
-    pool_keeper.hold(endpoint, sandbox_id)
-    return sandbox_id
+    finally:  # a failed delete leaves the guest held: the keeper tries again at exit
+        own.end(
+            lambda exc: logger.warning("could not delete guest %s: %s", sandbox_id, failures.describe(exc))
+        )
 
 
 def run(
@@ -489,7 +451,6 @@ def run(
         req = replace(req, reuse=False)
     max_output = _max_output_bytes()  # every setting is judged before a guest exists
     endpoint = connection.endpoints.get()
-    native = load_native()
     shapes = shape_catalog.catalog(endpoint)
     if req.shape not in {shape_id for _, shape_id in shapes}:
         raise SandboxUnavailableError(
@@ -497,57 +458,28 @@ def run(
             f"Available: {', '.join(s for _, s in shapes) or 'none'}. "
             "Set the Shape input or CREATEOS_SANDBOX_SHAPE to one of them."
         )
-    egress = network.egress_rules(req.allow_network)
-
-    def announce_wait(ahead: int, in_flight: int) -> None:
-        text = (
-            f"{in_flight} CreateOS Sandbox run(s) in flight, the limit (CREATEOS_SANDBOX_MAX_GUESTS={max_guests}); "
-            f"waiting in line behind {ahead} other(s)…"
-        )
-        logger.info("CreateOS Sandbox: %s", text)
-        note(text)
-
-    try:
-        admission.component_line.enter(max_guests, announce_wait, max_wait)
-    except admission.WaitedTooLong as exc:
-        raise SandboxUnavailableError(
-            admission.gave_up_text(
-                "CreateOS Sandbox: this run",
-                exc,
-                "CREATEOS_SANDBOX_MAX_GUESTS",
-                max_guests,
-                "CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
-            )
-        ) from None
-    try:
-        with failures.native_errors("reach the CreateOS control plane") as phase:
-            if req.reuse:
-                busy = wrapper.lock_wait_seconds(req.timeout) + req.timeout + wrapper.ARCHIVE_BUDGET_SECONDS
-                spec = _spec(endpoint, req, rootfs, egress, busy)
-                outcome = _run_reused(
-                    endpoint, native, req, spec, egress, max_output, on_output, phase, note, idle_limit
-                )
-            else:
-                spec = _spec(endpoint, req, rootfs, egress, req.timeout + wrapper.ARCHIVE_BUDGET_SECONDS)
-                outcome = _run_fresh(endpoint, native, req, spec, max_output, on_output, phase, note)
-                outcome.reuse_notice = notice
-    finally:
-        admission.component_line.leave()
+    one = _Run(endpoint, req, _guest_spec(endpoint, req, rootfs), max_output, on_output, note)
+    with (
+        lease.COMPONENT.slot(max_guests, max_wait, tell=note),
+        failures.native_errors("reach the CreateOS control plane") as doing,
+    ):
+        if req.reuse:
+            outcome = _run_reused(one, doing, idle_limit)
+        else:
+            outcome = _run_fresh(one, doing)
+            outcome.reuse_notice = notice
     if not req.allow_network:
         outcome.network_notice = NETWORK_OFF_NOTICE
     return outcome
 
 
-def _spec(
-    endpoint: connection.Endpoint, req: RunRequest, rootfs: str, egress: tuple[str, ...], busy_seconds: int
-) -> dict[str, Any]:
-    """The create request of this run's guest; a reused guest has a stable name."""
-    guest = guest_spec.GuestSpec.of(
+def _guest_spec(endpoint: connection.Endpoint, req: RunRequest, rootfs: str) -> guest_spec.GuestSpec:
+    """What this run's guest is created with. Its auto-pause covers the longest run it may
+    serve: one that returns files and, on a reused guest, waits for its turn first."""
+    return guest_spec.GuestSpec.of(
         endpoint,
         shape=req.shape,
         rootfs=rootfs,
-        egress=egress,
-        auto_pause_seconds=guest_spec.auto_pause_seconds(busy_seconds),
+        egress=network.egress_rules(req.allow_network),
+        budget=wrapper.time_budget(req.timeout, lock=req.reuse, collect=True),
     )
-    name = reuse.reuse_name(req.flow_id, req.component_id, egress, req.owner or ()) if req.reuse else None
-    return guest.create_request(name)

@@ -17,11 +17,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import clock, connection, failures, guest_spec, network, pool_keeper
+from langflow_sandbox_createos.core import clock, connection, failures, guest_spec, network
+from langflow_sandbox_createos.core.guest_spec import GuestSpec
+from langflow_sandbox_createos.core.lease import Lease
+from langflow_sandbox_createos.core.native import load_native
+
+if TYPE_CHECKING:
+    from langflow_sandbox_createos._createos import Client
 
 logger = logging.getLogger("langflow_sandbox_createos.component")
 
@@ -87,7 +94,7 @@ class _GuestIds:
 guest_ids = _GuestIds()
 
 
-def after_acquire(client: Any, sandbox_id: str) -> None:
+def after_acquire(client: Client, sandbox_id: str) -> None:
     """Test seam: runs between finding the guest and using it."""
 
 
@@ -111,7 +118,7 @@ def _pick(rows: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
     return alive[0]
 
 
-def _wait_running(client: Any, native: Any, sandbox_id: str, deadline: float) -> dict[str, Any]:
+def _wait_running(client: Client, native: ModuleType, sandbox_id: str, deadline: float) -> dict[str, Any]:
     """Bring a guest to `running`: resume it when paused, wait out transitions."""
     attempt = 0
     while True:
@@ -163,10 +170,9 @@ def _check_drift(record: dict[str, Any], wanted: tuple[str, ...], allow_network:
 
 def acquire_reused_guest(
     endpoint: connection.Endpoint,
-    native: Any,
+    native: ModuleType,
     name: str,
-    spec: dict[str, Any],
-    wanted: tuple[str, ...],
+    guest: GuestSpec,
     allow_network: bool,
     *,
     idle_limit: float | None = None,
@@ -179,9 +185,9 @@ def acquire_reused_guest(
     lookup runs again and adopts its guest. A guest idle longer than `idle_limit` seconds is
     deleted instead of used (its id appended to `expired`), and a fresh one is created.
 
-    A guest created here is not held in the pool keeper: other workers may be using it when
-    this process ends (idle expiry, the sweep, auto-pause and reap bound it)."""
-    client: Any = endpoint.client
+    A guest created here is kept, not held by the guest keeper: other workers may be using it
+    when this process ends (idle expiry, the sweep, auto-pause and reap bound it)."""
+    client = endpoint.client
     deadline = time.monotonic() + GUEST_READY_SECONDS
     attempt = 0
     while True:
@@ -201,23 +207,23 @@ def acquire_reused_guest(
             record = _pick(client.list(prefix=name), name)
         if record is None:
             try:
-                created = client.create(spec)
+                created = Lease.create(endpoint, guest, name, kept=True)
             except native.ConflictError:
                 logger.debug("guest name %s was taken concurrently; adopting the winner", name)
             else:
-                guest_ids.remember(name, created["id"])
-                return created, False
+                guest_ids.remember(name, created.sandbox_id)
+                return created.view, False
         elif record.get("status") != "destroying":
             sandbox_id = str(record["id"])
             try:
                 # decide on drift (and state) from a GET, never from a list row
                 current = record if from_get else client.get(sandbox_id)
                 if idle_limit is not None and idle_expired(current, idle_limit):
-                    _delete_expired(client, native, current, idle_limit)
+                    _delete_expired(endpoint, current, idle_limit)
                     if expired is not None:
                         expired.append(sandbox_id)
                     raise _GuestGone
-                _check_drift(current, wanted, allow_network)
+                _check_drift(current, guest.egress, allow_network)
                 running = (
                     current
                     if current.get("status") == "running"
@@ -237,7 +243,7 @@ def acquire_reused_guest(
         time.sleep(_sleep_step(attempt))
 
 
-def _delete_expired(client: Any, native: Any, record: dict[str, Any], limit: float) -> None:
+def _delete_expired(endpoint: connection.Endpoint, record: dict[str, Any], limit: float) -> None:
     sandbox_id = str(record["id"])
     logger.info(
         "deleting reused guest %s (%s): idle %.0f s, past CREATEOS_SANDBOX_REUSE_IDLE_SECONDS=%g",
@@ -246,7 +252,7 @@ def _delete_expired(client: Any, native: Any, record: dict[str, Any], limit: flo
         idle_seconds(record) or 0.0,
         limit,
     )
-    pool_keeper.delete(client, sandbox_id)  # already gone (404) is as good
+    Lease.kept(endpoint, sandbox_id).delete()  # already gone (404) is as good
 
 
 class _Sweeper:
@@ -270,8 +276,10 @@ class _Sweeper:
         with self._lock:
             self._last = float("-inf")
 
-    def sweep(self, client: Any, native: Any, limit: float) -> list[str]:
+    def sweep(self, endpoint: connection.Endpoint, limit: float) -> list[str]:
         """Best effort: a failure is logged and the run goes on."""
+        native = load_native()
+        client = endpoint.client
         deleted: list[str] = []
         try:
             rows = client.list(prefix=NAME_PREFIX)
@@ -284,7 +292,7 @@ class _Sweeper:
                     continue
                 record = row if "paused_at" in row else client.get(str(row["id"]))
                 if idle_expired(record, limit, now):
-                    _delete_expired(client, native, record, limit)
+                    _delete_expired(endpoint, record, limit)
                     guest_ids.forget(name, str(record["id"]))
                     deleted.append(str(record["id"]))
         except native.CreateOSError as exc:
@@ -295,7 +303,7 @@ class _Sweeper:
 sweeper = _Sweeper()
 
 
-def resume_retry(client: Any, native: Any, sandbox_id: str) -> Callable[[Callable[[], T]], T]:
+def resume_retry(client: Client, native: ModuleType, sandbox_id: str) -> Callable[[Callable[[], T]], T]:
     """Call `fn`; if the guest answers 409 because it paused meanwhile, resume it and retry once."""
 
     def call(fn: Callable[[], T]) -> T:

@@ -28,6 +28,9 @@ ARTIFACTS_DIR = "/workspace/artifacts"
 LOCK_PATH = "/tmp/.createos-sandbox.lock"
 
 PENDING_WAIT_SECONDS = 20  # a reused run waits this long for an earlier run's archive to be fetched
+# Another run's wrapper around its waits, its program and its archive step (its shell, its run
+# directory, its program's staging), counted in the time a run waits for its turn.
+TURN_MARGIN_SECONDS = 15
 ARCHIVE_DIR = "/tmp/.createos-out"  # finished archives wait here for their host, out of later runs' way
 
 # $1 run dir (created by the wrapper, after the lock), $2 program timeout, $3 collect (1/0),
@@ -153,9 +156,20 @@ class GuestProgram:
 
 def lock_wait_seconds(timeout: int) -> int:
     """How long a run on a reused guest waits for its turn: one whole run of another (its own
-    wait for the archive before it, its program, its archive step), then the wait for that
-    run's archive to be fetched."""
-    return PENDING_WAIT_SECONDS + timeout + ARCHIVE_BUDGET_SECONDS + 15 + PENDING_WAIT_SECONDS
+    wait for the archive before it, its program, its archive step, the wrapper around them),
+    then the wait for that run's archive to be fetched."""
+    other = budget.component(timeout, lock_wait=PENDING_WAIT_SECONDS, archive=ARCHIVE_BUDGET_SECONDS)
+    return int(other.guest_seconds) + TURN_MARGIN_SECONDS + PENDING_WAIT_SECONDS
+
+
+def time_budget(timeout: int, *, lock: bool, collect: bool) -> budget.TimeBudget:
+    """A run's time: its wait for its turn on a reused guest (``lock``), its program, the
+    archive of its files (``collect``)."""
+    return budget.component(
+        timeout,
+        lock_wait=lock_wait_seconds(timeout) if lock else 0,
+        archive=ARCHIVE_BUDGET_SECONDS if collect else 0,
+    )
 
 
 def build_program(req: ProgramRequest, *, lock: bool) -> GuestProgram:
@@ -190,7 +204,6 @@ def build_program(req: ProgramRequest, *, lock: bool) -> GuestProgram:
             # lock; the wrapper moves it in and checks it is still these bytes
             files.append((f"{run_dir}.upload", data))
             arrives = hashlib.sha256(data).hexdigest()
-    archive_budget = ARCHIVE_BUDGET_SECONDS if req.collect else 0
     lock_wait = lock_wait_seconds(req.timeout) if lock else 0
     pending_wait = PENDING_WAIT_SECONDS if lock else 0
     argv = [
@@ -208,5 +221,5 @@ def build_program(req: ProgramRequest, *, lock: bool) -> GuestProgram:
         arrives,
         *program,
     ]
-    exec_timeout = budget.component(lock_wait + req.timeout + archive_budget).exec_timeout()
+    exec_timeout = time_budget(req.timeout, lock=lock, collect=req.collect).exec_timeout()
     return GuestProgram(run_dir, argv, files, stdin, exec_timeout)

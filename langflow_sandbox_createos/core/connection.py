@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from langflow_sandbox_createos import __version__
 from langflow_sandbox_createos.core import failures, hooks, settings
 from langflow_sandbox_createos.core.native import load_native
+
+if TYPE_CHECKING:
+    from langflow_sandbox_createos._createos import Client
 
 logger = logging.getLogger("langflow_sandbox_createos")
 
@@ -33,7 +36,7 @@ class Endpoint:
     pools apart), the control timeout, and what is cached per endpoint (preflight, shape
     catalog, isolation). The key itself never shows in a repr."""
 
-    client: object = field(repr=False)
+    client: Client = field(repr=False)
     base_url: str
     key: settings.ApiKey = field(repr=False)
     key_digest: str
@@ -121,7 +124,7 @@ class _Endpoints:
             self._by_key.clear()
         for endpoint in endpoints:
             try:
-                endpoint.client.close()  # type: ignore[attr-defined]
+                endpoint.client.close()
             except Exception:  # closing is best effort at shutdown
                 logger.debug("closing the CreateOS client failed", exc_info=True)
 
@@ -133,21 +136,3 @@ class _Endpoints:
 
 endpoints = _Endpoints()
 hooks.after_fork("endpoints", endpoints.reset_after_fork)
-
-
-def log_pending_deletes(timeout: float) -> None:
-    """Wait up to `timeout` for the background deletes of every client, logging each outcome.
-    Runs at process exit, so a delete that failed in the last run is still reported."""
-    deadline = time.monotonic() + timeout
-    for endpoint in endpoints.all():
-        try:
-            pending = endpoint.client.pending_deletes()  # type: ignore[attr-defined]
-        except Exception:  # a closed client has nothing to wait for
-            continue
-        failures.log_delete_outcomes(
-            endpoint.client, max(0.0, deadline - time.monotonic()) if pending else 0.0
-        )
-
-
-EXIT_DRAIN_SECONDS = 5.0
-hooks.at_exit("delete outcomes", lambda: log_pending_deletes(EXIT_DRAIN_SECONDS))

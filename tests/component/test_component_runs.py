@@ -12,7 +12,7 @@ import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos.component import artifacts, engine, wrapper
-from langflow_sandbox_createos.core.native import load_native
+from langflow_sandbox_createos.core import connection, lease
 from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
 from .conftest import all_ids, client, run_flow
@@ -236,11 +236,11 @@ def test_download_cap_backstop_and_hostile_archive(env: LocalControlPlane) -> No
     try:
         req = engine.RunRequest("x", "command", False, True, True, 5, "s", "f", "c")
         program = wrapper.build_program(req, lock=False)
-        native = load_native()
+        guest = lease.Lease.kept(connection.endpoints.get(), sandbox_id)
 
         c.upload(sandbox_id, program.archive_path, b"\0" * (artifacts.MAX_ARCHIVE_BYTES + 1))
         outcome = engine.RunOutcome("", "", 0, sandbox_id, False, 5)
-        engine._collect(c, native, sandbox_id, program, outcome, lambda fn: fn())
+        engine._collect(guest, program, outcome, lambda fn: fn())
         assert outcome.files == [] and outcome.artifacts_truncated
         assert "max_bytes" in outcome.artifacts_message
 
@@ -262,7 +262,7 @@ def test_download_cap_backstop_and_hostile_archive(env: LocalControlPlane) -> No
         body = gzip.compress(raw.getvalue()) + gzip.compress(b"\0" * (64 * 1024 * 1024)) * 4
         c.upload(sandbox_id, program.archive_path, body)
         outcome = engine.RunOutcome("", "", 0, sandbox_id, False, 5)
-        engine._collect(c, native, sandbox_id, program, outcome, lambda fn: fn())
+        engine._collect(guest, program, outcome, lambda fn: fn())
         assert [f.path for f in outcome.files] == ["ok"]
         assert outcome.artifacts_truncated
         assert "absolute or '..' path" in outcome.artifacts_message

@@ -98,9 +98,9 @@ def test_the_next_run_never_sees_an_archive_still_waiting_for_its_host(
     engine.run(_request("print('warm')"))
     real_collect = engine._collect
 
-    def slow_host(client: Any, native: Any, sandbox_id: str, program: Any, outcome: Any, retry: Any) -> None:
+    def slow_host(guest: Any, program: Any, outcome: Any, retry: Any) -> None:
         time.sleep(2.0)  # the holder's host is slow to fetch its archive
-        real_collect(client, native, sandbox_id, program, outcome, retry)
+        real_collect(guest, program, outcome, retry)
 
     monkeypatch.setattr(engine, "_collect", slow_host)
     holder_program = (

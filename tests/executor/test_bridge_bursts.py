@@ -21,8 +21,7 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import Capabilities, SandboxExecutionError, SandboxResult
 
-from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor import bridge as executor_sandbox
+from langflow_sandbox_createos.executor import CreateOSExecutor, bridge
 
 from .conftest import chat_unit, drain
 from .flow_components.bridge_burst import BridgeBurst
@@ -141,15 +140,15 @@ async def test_a_burst_past_the_cap_is_served_up_to_it_and_refused_beyond_in_arr
     host at once (the probe holds the burst's calls until 4 are in flight together). Fails on
     ac8509d: the cap was compared after waiting for a slot, when all 301 had arrived, so the
     burst was refused whole."""
-    cap = executor_sandbox.MAX_REQUESTS_PER_RUN
-    probe.arm(hold_from=2, release_at=executor_sandbox.MAX_IN_FLIGHT)
+    cap = bridge.MAX_REQUESTS_PER_RUN
+    probe.arm(hold_from=2, release_at=bridge.MAX_IN_FLIGHT)
     ours = await run_flow(CreateOSExecutor(), burst_graph(300, "burst"), memory, "s-burst", [])
     got = report(ours)
     assert got["served"] == list(range(2, cap + 1)), got["served"][:10]
     assert [int(n) for n in got["refused"]] == list(range(cap + 1, 302))
     assert all(f"more than {cap} sandbox requests" in m for m in got["refused"].values()), got["refused"]
     assert probe.calls == cap
-    assert probe.peak == executor_sandbox.MAX_IN_FLIGHT
+    assert probe.peak == bridge.MAX_IN_FLIGHT
 
 
 async def test_runs_filling_the_bridge_threads_leave_the_default_pool_and_other_runs_alone(
@@ -163,8 +162,8 @@ async def test_runs_filling_the_bridge_threads_leave_the_default_pool_and_other_
     loop = asyncio.get_running_loop()
     default = ThreadPoolExecutor(max_workers=4, thread_name_prefix="test-default")
     loop.set_default_executor(default)
-    monkeypatch.setattr(executor_sandbox, "BRIDGE_THREADS", 4)
-    monkeypatch.setattr(executor_sandbox, "_pool", None)
+    monkeypatch.setattr(bridge, "BRIDGE_THREADS", 4)
+    monkeypatch.setattr(bridge, "_pool", None)
     probe.arm(hold_from=3, full_at=4)  # each run's Python Interpreter call passes; the bursts wait
     hostile = [
         asyncio.create_task(
@@ -185,7 +184,7 @@ async def test_runs_filling_the_bridge_threads_leave_the_default_pool_and_other_
     finally:
         probe.gate.set()
         runs = await asyncio.gather(*hostile, return_exceptions=True)
-        pool = executor_sandbox._pool
+        pool = bridge._pool
         if pool is not None:
             pool.shutdown(wait=False)
         default.shutdown(wait=False)

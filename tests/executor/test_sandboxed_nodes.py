@@ -23,8 +23,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError
 import langflow_sandbox_createos
 from langflow_sandbox_createos.backend.engine import create_backend
 from langflow_sandbox_createos.component import reuse
-from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor import bridge as executor_sandbox
+from langflow_sandbox_createos.executor import CreateOSExecutor, bridge
 
 from .flow_components.bridge_abuser import BridgeAbuser
 from .parity.test_parity import FLOW_ID, USER_ID, HostMemory, Run, assert_same, both, memory, run_flow
@@ -176,7 +175,7 @@ async def test_a_pooled_runner_answers_with_each_runs_view_of_the_host(
     import lfx.utils.python_repl_security as security
 
     from langflow_sandbox_createos.core import connection, settings
-    from langflow_sandbox_createos.executor import pool as executor_pool
+    from langflow_sandbox_createos.executor import pool
 
     def blocked() -> None:
         raise CodeExecutionDisabledError(
@@ -185,15 +184,15 @@ async def test_a_pooled_runner_answers_with_each_runs_view_of_the_host(
 
     monkeypatch.setenv("CREATEOS_EXECUTOR_WARM_POOL", "1")
     try:
-        assert executor_pool.take(connection.endpoints.get(), settings.executor_settings(), {})[0] is None
-        assert executor_pool.pool().wait_full(240)
+        assert pool.take(connection.endpoints.get(), settings.executor_settings(), {})[0] is None
+        assert pool.pool().wait_full(240)
         before = {sb["id"] for sb in guests(host_backend)}
         reference, ours = await both(lambda: interpreter_graph(MICROVM_CODE), memory, "s-pool")
         assert_same(reference, ours)
         assert json.loads(shown(ours)["result"]) == {"sandboxed": True, "sum": 45}
         # two backend guests (the reference's, ours through the host) and no cold executor guest
         assert [n for n in names_since(host_backend, before) if n != "lf-xw"] == ["lf", "lf"]
-        assert executor_pool.pool().wait_full(240)
+        assert pool.pool().wait_full(240)
         monkeypatch.setattr(security, "ensure_code_execution_enabled", blocked)
         before = {sb["id"] for sb in guests(host_backend)}
         with pytest.raises(SandboxExecutionError, match="block_code_interpreter_components"):
@@ -202,7 +201,7 @@ async def test_a_pooled_runner_answers_with_each_runs_view_of_the_host(
             )
         assert [n for n in names_since(host_backend, before) if n != "lf-xw"] == []
     finally:
-        executor_pool.shutdown()
+        pool.shutdown()
 
 
 # --- the CreateOS Sandbox component --------------------------------------------------------
@@ -328,5 +327,5 @@ async def test_a_guest_cannot_ask_for_runs_its_nodes_would_not_make(
 
 
 def test_guest_view_reports_the_hosts_backend_and_verdict(host_backend: Any) -> None:
-    view = executor_sandbox.guest_view()
+    view = bridge.guest_view()
     assert view == {"backend": "createos", "policy": None}

@@ -37,7 +37,7 @@ import pytest
 from waiting import wait_status
 
 from langflow_sandbox_createos.component import reuse, wrapper
-from langflow_sandbox_createos.core import budget, connection, failures, network
+from langflow_sandbox_createos.core import budget, connection, lease, network
 from langflow_sandbox_createos.executor import run as executor_module
 
 from . import harness, matrix
@@ -166,12 +166,12 @@ def _settle(
     elif exp.delete_fault and case.surface == "executor":
         # the run returned before its guest's delete did: wait for the delete threads (their
         # calls are bounded by the control timeout, a retry included)
-        executor_module.wait_for_deletes(2.0 * matrix.CONTROL_TIMEOUT + 2.0)
+        lease.wait_for_deletes(2.0 * matrix.CONTROL_TIMEOUT + 2.0)
     elif exp.delete_fault and case.surface.startswith("component"):
         # what the next run or process exit does: log the native client's retried deletes
         for endpoint in connection.endpoints.all():
             if endpoint.base_url == lane.plane.url:
-                failures.log_delete_outcomes(endpoint.client, 2.0 * matrix.CONTROL_TIMEOUT + 2.0)
+                lease.collect_deletes(endpoint.client, 2.0 * matrix.CONTROL_TIMEOUT + 2.0)
     keep = _reuse_name(case) if case.surface == "component-reuse" else None
     # deletes were drained above; the executor's delete thread may still wait on its call
     wait = matrix.CONTROL_TIMEOUT + 2.0 if exp.delete_fault else 10.0

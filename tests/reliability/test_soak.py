@@ -46,7 +46,7 @@ import pytest
 from native.heap import heap_in_use  # tests/ is on sys.path (rootdir without __init__.py)
 
 from langflow_sandbox_createos.component import reuse, wrapper
-from langflow_sandbox_createos.core import budget, connection, network, settings
+from langflow_sandbox_createos.core import budget, lease, network, settings
 from langflow_sandbox_createos.local import faults
 
 from . import harness
@@ -391,7 +391,7 @@ def test_soak(soak_plane: Any) -> None:
         stats = plane.stats()
         # what lfx's shutdown and process exit do: finish and log the queued deletes
         harness.drain_backend_deletes()
-        connection.log_pending_deletes(15.0)
+        lease.drain_deletes(15.0)
         deadline = time.monotonic() + 20
         while (
             any(sb["status"] == "destroying" for sb in plane.live_sandboxes()) and time.monotonic() < deadline
