@@ -35,7 +35,7 @@ def catalog(endpoint: connection.Endpoint) -> tuple[tuple[int, str], ...]:
             # classified like every other call: a 429, 5xx, transport or protocol fault here is
             # as transient as it is anywhere else
             with failures.native_errors("read the shape catalog"):
-                rows = endpoint.client.shapes()  # type: ignore[attr-defined]
+                rows = endpoint.client.shapes()
             endpoint.shapes = parse_catalog(rows)
         return endpoint.shapes
 
