@@ -145,7 +145,7 @@ def op_wire(cmd: dict[str, Any]) -> dict[str, Any]:
     assert program.stdin is not None and not program.files, "S2's program travels on stdin"
     # the fields in the order ops.c writes them (stdin last: exec_request splices it in)
     body = {"cmd": "/bin/sh", "args": ["-c", program.script], "stream": True, "stdin": program.stdin}
-    return {"create": plan.spec.create_request(), "exec": body}
+    return {"create": plan.guest.create_request(), "exec": body}
 
 
 def op_threads(cmd: dict[str, Any]) -> dict[str, Any]:

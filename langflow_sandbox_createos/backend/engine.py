@@ -94,7 +94,7 @@ class CreateOSBackend:
         # CREATEOS_SANDBOX_WARM_POOL > 0: guests booted ahead of need (core/warm_pool.py). Per
         # instance, so shutting down the loser of a construction race leaves the winner's alone.
         self._pool = warm_pool.WarmPool(random_name=guest_spec.random_name)
-        # The last run's spec, shape and budget, reused while what they are made from holds.
+        # The last run's guest spec, shape and budget, reused while what they are made from holds.
         self._plan: _Plan | None = None
 
     def __repr__(self) -> str:
@@ -187,7 +187,7 @@ class CreateOSBackend:
                     return warm.run_program("/bin/sh", argv, env=guest_env or None, **options)
                 except (native.NotFoundError, native.ConflictError):
                     self._pool.note_stale(plan.pool_key, warm.sandbox_id)
-        cold = lease.Lease.create(endpoint, plan.spec, guest_spec.random_name(NAME_PREFIX))
+        cold = lease.Lease.create(endpoint, plan.guest, guest_spec.random_name(NAME_PREFIX))
         return cold.run_program("/bin/sh", argv, **options)
 
     def _plan_for(
@@ -253,7 +253,7 @@ class _Plan:
     """What a run's guest is made from, and its exec budget: the same for every run with the
     same settings, endpoint (and its shape catalog) and env, so it is built once for them."""
 
-    __slots__ = ("config", "endpoint", "env", "exec_timeout", "pool_key", "shape", "shapes", "spec")
+    __slots__ = ("config", "endpoint", "env", "exec_timeout", "guest", "pool_key", "shape", "shapes")
 
     def __init__(
         self,
@@ -268,7 +268,7 @@ class _Plan:
         self.shapes = shapes
         self.shape = shape_catalog.pick_shape(shapes, config.memory_mb, config.shape)
         time_budget = budget.backend(config.timeout_seconds)
-        self.spec = guest_spec.GuestSpec.of(
+        self.guest = guest_spec.GuestSpec.of(
             endpoint,
             shape=self.shape,
             rootfs=config.rootfs,
@@ -276,7 +276,7 @@ class _Plan:
             budget=time_budget,
             envs=env,
         )
-        self.pool_key = self.spec.env_at_exec()
+        self.pool_key = self.guest.env_at_exec()
         self.exec_timeout = time_budget.exec_timeout()
 
     @classmethod

@@ -1,7 +1,7 @@
 """Time budgets: one value for how long a run may take, in named phases.
 
 A :class:`TimeBudget` is what the guest spends, phase by phase (the component's wait for its
-turn on a reused guest, a pooled executor runner's wait for its spec, the program itself, the
+turn on a reused guest, a pooled executor runner's wait for its run spec, the program itself, the
 component's archive step), and the grace the host adds on top before it gives up on the exec
 stream (the network, the guest's process start, the teardown). The host's deadline for the
 exec (:meth:`TimeBudget.exec_timeout`) and the guest's auto-pause budget

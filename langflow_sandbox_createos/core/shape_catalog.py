@@ -70,7 +70,3 @@ def pick_shape(shapes: Sequence[tuple[int, str]], memory_mb: int, pinned: str | 
         f"{MIN_SHAPE_MEMORY_MIB})); the largest is {shapes[-1][1]} with {shapes[-1][0]} MiB. "
         "Lower LANGFLOW_SANDBOX_MEMORY_MB or pin a shape with CREATEOS_SANDBOX_SHAPE."
     )
-
-
-def shape_memory(shapes: Sequence[tuple[int, str]], shape_id: str) -> int | None:
-    return next((mem for mem, s in shapes if s == shape_id), None)
