@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("langflow_sandbox_createos")
 
 Tell = Callable[[str], None]
+_L = TypeVar("_L", admission.SyncLine, admission.Line)
 
 
 # --- admission ---------------------------------------------------------------------------------
@@ -105,8 +106,7 @@ class Admission:
     @contextlib.contextmanager
     def slot(self, limit: int, max_wait: float | None, tell: Tell | None = None) -> Iterator[None]:
         """Hold a slot for the body (a blocking surface's run, in a worker thread)."""
-        line = self.line
-        assert isinstance(line, admission.SyncLine)
+        line = self._line(admission.SyncLine)
         try:
             line.enter(
                 limit, lambda ahead, in_flight: self._announce(limit, tell, ahead, in_flight), max_wait
@@ -123,8 +123,7 @@ class Admission:
     ) -> Slot:
         """A slot for an async run, left with :meth:`Slot.leave` (the executor's, once its
         guest's delete returned); ``subject`` names the run in the warning of a refusal."""
-        line = self.line
-        assert isinstance(line, admission.Line)
+        line = self._line(admission.Line)
         try:
             await line.enter(
                 limit, lambda ahead, in_flight: self._announce(limit, tell, ahead, in_flight), max_wait
@@ -136,9 +135,15 @@ class Admission:
     def gate(self, limit_of: Callable[[GuestSpec], int]) -> _Gate:
         """This line as a warm pool's gate (``warm_pool.Gate``): a refill is one more run in
         flight, and starts only on a spare slot."""
-        line = self.line
-        assert isinstance(line, admission.Line)
-        return _Gate(line, limit_of)
+        return _Gate(self._line(admission.Line), limit_of)
+
+    def _line(self, kind: type[_L]) -> _L:
+        """This surface's line, which must be of ``kind`` (a blocking surface's, or an async one's)."""
+        if not isinstance(self.line, kind):
+            raise TypeError(
+                f"the {self.line.name} line is a {type(self.line).__name__}, not a {kind.__name__}"
+            )
+        return self.line
 
 
 class _Gate:
