@@ -164,39 +164,34 @@ class _Gate:
         self._line.when_spare(callback)
 
 
+# The settings that bound a line (its limit; how long a run may wait in it): the backend and the
+# component share theirs.
+_SANDBOX_SETTINGS = ("CREATEOS_SANDBOX_MAX_GUESTS", "CREATEOS_SANDBOX_MAX_WAIT_SECONDS")
+_EXECUTOR_SETTINGS = ("CREATEOS_EXECUTOR_MAX_GUESTS", "CREATEOS_EXECUTOR_MAX_WAIT_SECONDS")
 BACKEND = Admission(
     admission.backend_line,
     logging.getLogger("langflow_sandbox_createos.backend"),
-    what="CreateOS: this sandbox run",
-    limit_setting="CREATEOS_SANDBOX_MAX_GUESTS",
-    wait_setting="CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
-    waiting=(
-        "CreateOS: {in_flight} sandbox run(s) in flight, the limit (CREATEOS_SANDBOX_MAX_GUESTS); this run "
-        "waits in line behind {ahead} other(s)"
-    ),
+    "CreateOS: this sandbox run",
+    *_SANDBOX_SETTINGS,
+    waiting="CreateOS: {in_flight} sandbox run(s) in flight, the limit (CREATEOS_SANDBOX_MAX_GUESTS); "
+    "this run waits in line behind {ahead} other(s)",
 )
 COMPONENT = Admission(
     admission.component_line,
     logging.getLogger("langflow_sandbox_createos.component"),
-    what="CreateOS Sandbox: this run",
-    limit_setting="CREATEOS_SANDBOX_MAX_GUESTS",
-    wait_setting="CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
-    waiting=(
-        "{in_flight} CreateOS Sandbox run(s) in flight, the limit (CREATEOS_SANDBOX_MAX_GUESTS={limit}); "
-        "waiting in line behind {ahead} other(s)…"
-    ),
+    "CreateOS Sandbox: this run",
+    *_SANDBOX_SETTINGS,
+    waiting="{in_flight} CreateOS Sandbox run(s) in flight, the limit (CREATEOS_SANDBOX_MAX_GUESTS={limit}); "
+    "waiting in line behind {ahead} other(s)…",
     logged="CreateOS Sandbox: %s",
 )
 EXECUTOR = Admission(
     admission.executor_line,
     logging.getLogger("langflow_sandbox_createos.executor"),
-    what="CreateOS executor: this run",
-    limit_setting="CREATEOS_EXECUTOR_MAX_GUESTS",
-    wait_setting="CREATEOS_EXECUTOR_MAX_WAIT_SECONDS",
-    waiting=(
-        "CreateOS executor: {in_flight} run(s) in flight, the limit (CREATEOS_EXECUTOR_MAX_GUESTS={limit}); "
-        "this run waits in line behind {ahead} other(s)"
-    ),
+    "CreateOS executor: this run",
+    *_EXECUTOR_SETTINGS,
+    waiting="CreateOS executor: {in_flight} run(s) in flight, the limit (CREATEOS_EXECUTOR_MAX_GUESTS={limit}); "
+    "this run waits in line behind {ahead} other(s)",
 )
 
 
