@@ -334,10 +334,11 @@ _deleting: set[threading.Thread] = set()
 # Held while a delete thread is added and started, and while wait_for_deletes takes its list:
 # so that list never holds a thread not yet started (join() refuses one).
 _deleting_lock = threading.Lock()
-CLOSE_WAIT_SECONDS = 5.0
+# How long interpreter exit waits for them (what is left is the guest keeper's).
+EXIT_WAIT_SECONDS = 5.0
 
 
-def wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
+def wait_for_deletes(timeout: float = EXIT_WAIT_SECONDS) -> None:
     """Wait up to ``timeout`` s for the guest deletes still running in their threads. At
     interpreter exit it gives them a moment (a short `lfx run` ends right after its run); what
     is left is the guest keeper's. Tests call it before they look at what a run left."""
