@@ -97,10 +97,10 @@ def arun(kind: str) -> float:
 
 def pooled_round(capture: Capture) -> dict[str, Any]:
     """One timed pooled run: host marks (ms since Graph.arun's call) and guest steps (ms)."""
-    from langflow_sandbox_createos.executor import pool as executor_pool
+    from langflow_sandbox_createos.executor import pool
 
     use_executor("createos")
-    assert executor_pool.pool().wait_full(240.0), "the pool did not fill"
+    assert pool.pool().wait_full(240.0), "the pool did not fill"
     graph = chat_graph()
     capture.records.clear()
     started = time.monotonic()
@@ -169,9 +169,9 @@ def main() -> None:
         for _ in range(args.rounds):
             in_process.append(arun("in-process") * 1000)
             rounds.append(pooled_round(capture))
-        from langflow_sandbox_createos.executor import pool as executor_pool
+        from langflow_sandbox_createos.executor import pool
 
-        executor_pool.shutdown()
+        pool.shutdown()
         cp.wait_until_no_live(timeout=30.0)
     load_after = os.getloadavg()
 

@@ -145,7 +145,7 @@ def op_wire(cmd: dict[str, Any]) -> dict[str, Any]:
     assert program.stdin is not None and not program.files, "S2's program travels on stdin"
     # the fields in the order ops.c writes them (stdin last: exec_request splices it in)
     body = {"cmd": "/bin/sh", "args": ["-c", program.script], "stream": True, "stdin": program.stdin}
-    return {"create": dict(plan.create), "exec": body}
+    return {"create": plan.guest.create_request(), "exec": body}
 
 
 def op_threads(cmd: dict[str, Any]) -> dict[str, Any]:
@@ -356,16 +356,16 @@ def op_arun(cmd: dict[str, Any]) -> dict[str, Any]:
     graph = Graph(chat_in, chat_out)
     pooled = bool(cmd.get("pool_ready") and OURS and cmd["kind"] == "createos")
     if pooled:
-        from langflow_sandbox_createos.executor import pool as executor_pool
+        from langflow_sandbox_createos.executor import pool
 
-        executor_pool.pool().wait_full(240.0)
+        pool.pool().wait_full(240.0)
     cpu0 = cpu_seconds()
     started = time.perf_counter()
     runs = asyncio.run(graph.arun([{"input_value": "hi"}]))
     wall = time.perf_counter() - started
     if pooled:
         # the host's CPU for a pooled run includes creating the guest that replaces it
-        executor_pool.pool().wait_full(240.0)
+        pool.pool().wait_full(240.0)
     cpu = cpu_seconds() - cpu0
     message = runs[0].outputs[0].results["message"]
     if isinstance(message, dict):  # the peer hands back plain dicts
@@ -378,9 +378,9 @@ def op_arun(cmd: dict[str, Any]) -> dict[str, Any]:
 def op_arun_pool_ready(_: dict[str, Any]) -> dict[str, Any]:
     """Wait (untimed) until our executor's warm pool is full; the peer has none."""
     if OURS:
-        from langflow_sandbox_createos.executor import pool as executor_pool
+        from langflow_sandbox_createos.executor import pool
 
-        return {"full": executor_pool.pool().wait_full(240.0)}
+        return {"full": pool.pool().wait_full(240.0)}
     return {"full": None}
 
 
@@ -392,9 +392,9 @@ def op_shutdown(_: dict[str, Any]) -> dict[str, Any]:
     if _backend is not None:
         _backend.shutdown()
     if OURS:
-        from langflow_sandbox_createos.executor import pool as executor_pool
+        from langflow_sandbox_createos.executor import pool
 
-        executor_pool.shutdown()
+        pool.shutdown()
     return {}
 
 

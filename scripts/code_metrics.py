@@ -59,6 +59,16 @@ csrc/ or another top-level name. "Lines" are physical lines (what `wc -l` counts
        literal is the whole value of something named *version* (Python assignment, TOML key,
        C #define, a top-level JSON key); every other occurrence (inside a longer string, a
        nested JSON key such as a saved flow's metadata) is "embedded".
+   (e) places that create a guest: a call of a method named create on an expression whose
+       source text ends in "client" (the native client's POST /v1/sandboxes), or of run_program
+       on one without a sandbox_id keyword (it creates its guest itself).
+   (f) admission blocks: a call of a method named enter or try_enter_spare on an expression
+       whose source text ends in "line" (an admission line), outside core/admission.py; listed
+       with the number of modules they are in.
+   (g) hand-written native-error mappings: an except handler whose body calls to_lfx_error.
+       The calls of native_errors (the one mapping, a context manager) are listed apart.
+   (h) keeper test files: the files under tests/ named test_*keeper*.py or test_*lease*.py
+       (tests/keeper_child.py, the driver they share, is not one). Not limited to the package.
 
 Against the numbers in the issue (measured at d5bde57), and how main (6ae0d12) compares
 -------------------------------------------------------------------------------------------
@@ -633,6 +643,88 @@ def spec_builders(modules: list[Module]) -> list[dict[str, Any]]:
     return sorted(places, key=lambda p: p["where"])
 
 
+def _receiver(node: ast.Call) -> str:
+    """The source text of what a method is called on (``self.client`` of ``self.client.create()``)."""
+    return ast.unparse(node.func.value) if isinstance(node.func, ast.Attribute) else ""
+
+
+def _scoped_calls(modules: list[Module]) -> list[tuple[Module, str, ast.Call]]:
+    """Every call in the package's host code (guest/ and local/ left out), with its scope."""
+    return [
+        (m, qual, node)
+        for m in modules
+        if m.tree is not None and not in_skipped_folder(m.rel)
+        for qual, scope in _functions_with_parents(m.tree)
+        for node in _own_nodes(scope)
+        if isinstance(node, ast.Call)
+    ]
+
+
+def guest_creates(modules: list[Module]) -> list[dict[str, Any]]:
+    """(e) Calls that create a guest: ``<...client>.create(...)``, and ``<...client>.run_program``
+    without a ``sandbox_id`` (it creates one itself)."""
+    places = []
+    for m, qual, node in _scoped_calls(modules):
+        name = _call_name(node)
+        keywords = {k.arg for k in node.keywords}
+        if name == "create" and _receiver(node).endswith("client"):
+            places.append({**_place(m.rel, node.lineno, qual), "how": f"{_receiver(node)}.create"})
+        elif name == "run_program" and _receiver(node).endswith("client") and "sandbox_id" not in keywords:
+            places.append({**_place(m.rel, node.lineno, qual), "how": "run_program without sandbox_id"})
+    return sorted(places, key=lambda p: p["where"])
+
+
+def admission_blocks(modules: list[Module]) -> list[dict[str, Any]]:
+    """(f) Calls that take a slot of an admission line: ``enter`` or ``try_enter_spare`` on
+    something whose last name ends in ``line`` (core/admission.py's own code left out)."""
+    places = []
+    for m, qual, node in _scoped_calls(modules):
+        if m.rel == "core/admission.py" or _call_name(node) not in ("enter", "try_enter_spare"):
+            continue
+        if re.search(r"line$", _receiver(node)):
+            places.append(
+                {**_place(m.rel, node.lineno, qual), "how": f"{_receiver(node)}.{_call_name(node)}"}
+            )
+    return sorted(places, key=lambda p: p["where"])
+
+
+def error_mappings(modules: list[Module]) -> list[dict[str, Any]]:
+    """(g) Hand-written mappings of native errors to lfx's: ``except`` handlers whose body
+    calls ``to_lfx_error``. Uses of the mapping context manager (``with native_errors(...)``)
+    are listed apart."""
+    places = []
+    for m in modules:
+        if m.tree is None or in_skipped_folder(m.rel):
+            continue
+        for qual, scope in _functions_with_parents(m.tree):
+            for node in _own_nodes(scope):
+                if isinstance(node, ast.ExceptHandler) and any(
+                    isinstance(sub, ast.Call) and _call_name(sub) == "to_lfx_error"
+                    for stmt in node.body
+                    for sub in ast.walk(stmt)
+                ):
+                    places.append({**_place(m.rel, node.lineno, qual), "how": "except ... to_lfx_error"})
+    return sorted(places, key=lambda p: p["where"])
+
+
+def error_mapping_uses(modules: list[Module]) -> list[dict[str, Any]]:
+    places = []
+    for m, qual, node in _scoped_calls(modules):
+        if _call_name(node) == "native_errors":
+            places.append({**_place(m.rel, node.lineno, qual), "how": "native_errors"})
+    return sorted(places, key=lambda p: p["where"])
+
+
+def keeper_test_files(root: Path) -> list[str]:
+    """(h) Test files of the guest keeper's rule: files under tests/ named like ``test_*keeper*.py``
+    or ``test_*lease*.py`` (the shared driver, tests/keeper_child.py, is no test file)."""
+    tests = root / "tests"
+    if not tests.is_dir():
+        return []
+    found = {p for pattern in ("test_*keeper*.py", "test_*lease*.py") for p in tests.rglob(pattern)}
+    return sorted(p.relative_to(root).as_posix() for p in found if "__pycache__" not in p.parts)
+
+
 def grace_constants(modules: list[Module]) -> list[dict[str, Any]]:
     places: list[dict[str, Any]] = []
     for m in modules:
@@ -821,6 +913,11 @@ def measure(root: Path, label: str) -> dict[str, Any]:
             "grace_by_name": dict(sorted(by_name.items())),
             "api_key": api_key_places(modules),
             "version": version_places(root),
+            "guest_creates": guest_creates(modules),
+            "admission_blocks": admission_blocks(modules),
+            "error_mappings": error_mappings(modules),
+            "error_mapping_uses": error_mapping_uses(modules),
+            "keeper_test_files": keeper_test_files(root),
         },
     }
 
@@ -861,7 +958,14 @@ def markdown(r: dict[str, Any]) -> str:
             ["import circles (SCC > 1), all edges", len(circ["all_edges"])],
             ["import circles, eager edges only", len(circ["eager_edges_only"])],
             *[[f"duplicates pairs, {t['tree']}", t["pairs"]] for t in dup["trees"]],
-            ["create-spec builders", len(con["create_spec"])],
+            ["create-request builders", len(con["create_spec"])],
+            ["places that create a guest", len(con["guest_creates"])],
+            [
+                "admission blocks (places / modules)",
+                f"{len(con['admission_blocks'])} / {_modules_of(con['admission_blocks'])}",
+            ],
+            ["hand-written native-error mappings", len(con["error_mappings"])],
+            ["keeper test files", len(con["keeper_test_files"])],
             *[[f"grace constant `{name}` definitions", n] for name, n in con["grace_by_name"].items()],
             ["API key reads", len(key["reads"])],
             ["API key digests (hash calls)", len(key["digests"])],
@@ -926,7 +1030,7 @@ def markdown(r: dict[str, Any]) -> str:
 
     lines += ["", "## 5. Concept carriers", ""]
     lines += [
-        f"(a) create-sandbox spec builders: {len(con['create_spec'])}",
+        f"(a) create-request builders: {len(con['create_spec'])}",
         "",
         *_places(con["create_spec"], "how"),
         "",
@@ -950,8 +1054,32 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         *([f"- {v['where']}: `{v['text']}`" for v in ver["embedded"]] or ["- (none)"]),
         "",
+        f"(e) places that create a guest: {len(con['guest_creates'])}",
+        "",
+        *_places(con["guest_creates"], "how"),
+        "",
+        f"(f) admission blocks: {len(con['admission_blocks'])} in {_modules_of(con['admission_blocks'])} module(s)",
+        "",
+        *_places(con["admission_blocks"], "how"),
+        "",
+        f"(g) hand-written native-error mappings: {len(con['error_mappings'])}",
+        "",
+        *_places(con["error_mappings"], "how"),
+        "",
+        f"uses of the mapping context manager: {len(con['error_mapping_uses'])}",
+        "",
+        *_places(con["error_mapping_uses"]),
+        "",
+        f"(h) keeper test files: {len(con['keeper_test_files'])}",
+        "",
+        *([f"- {path}" for path in con["keeper_test_files"]] or ["- (none)"]),
+        "",
     ]
     return "\n".join(lines)
+
+
+def _modules_of(items: list[dict[str, Any]]) -> int:
+    return len({item["where"].rsplit(":", 1)[0] for item in items})
 
 
 def describe(root: Path) -> str:

@@ -6,13 +6,15 @@ Enabled only with ``LANGFLOW_SANDBOX_BACKEND_PLUGINS=createos`` and
 no I/O and read no settings: lfx imports plugins while it is still building its own
 settings, and every setting is re-read on each run so a changed key or URL takes effect.
 
-One run is, after the first: create the guest, then one streaming exec whose stdin is the
-program and whose shell writes it under ``/workspace`` and runs it under the guest's own
-``timeout``. The delete is queued on the native client's I/O thread, off the critical path.
-With ``CREATEOS_SANDBOX_WARM_POOL=N`` the guest comes from a pool booted ahead of need
-(:mod:`warm_pool`), so the critical path is the exec alone. Either way the guest is held in
-the process's :mod:`pool_keeper` from its create until its delete is reported done, so a
-process killed mid-run leaves it to the keeper instead of the control plane.
+One run is, after the first: its slot in the backend's admission line, its guest created
+(``lease.Lease.create``: held by the guest keeper at once), then one native call
+(``run_program``) that adopts the guest, runs one streaming exec whose stdin is the program
+and whose shell writes it under ``/workspace`` and runs it under the guest's own ``timeout``,
+and queues the guest's delete on the native client's I/O thread, off the critical path. With
+``CREATEOS_SANDBOX_WARM_POOL=N`` the guest comes from a pool booted ahead of need
+(:mod:`warm_pool`), so the critical path is the exec alone. Either way the guest is held from
+its create until its delete is reported done (``lease.collect_deletes``), so a process killed
+mid-run leaves it to the keeper instead of the control plane.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lfx.utils.sandbox.base import (
     Capabilities,
@@ -32,13 +34,12 @@ from lfx.utils.sandbox.base import (
 )
 
 from langflow_sandbox_createos.core import (
-    admission,
     budget,
     connection,
     failures,
     guest_spec,
+    lease,
     network,
-    pool_keeper,
     program_clock,
     settings,
     shape_catalog,
@@ -47,6 +48,9 @@ from langflow_sandbox_createos.core import (
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import BackendSettings, SettingsError
 
+if TYPE_CHECKING:
+    from langflow_sandbox_createos._createos import ExecResult
+
 logger = logging.getLogger("langflow_sandbox_createos.backend")
 
 BACKEND_NAME = "createos"
@@ -54,11 +58,7 @@ NAME_PREFIX = "lf-"
 
 # lfx's timeout exit code (lfx.utils.sandbox.base._EXIT_CODE_TIMEOUT, a private name).
 EXIT_CODE_TIMEOUT = -1
-GUEST_TIMEOUT_STATUS = 124
-KILLED_STATUS = 137
-
-# Past the guest's own clock, how long the host waits for the stream before giving up.
-# The guest's `timeout` is authoritative; this only bounds a wedged control plane.
+GUEST_TIMEOUT_STATUS = program_clock.GUEST_TIMEOUT_STATUS
 
 STDIN_PROGRAM_MAX_BYTES = guest_spec.STDIN_PROGRAM_MAX_BYTES  # programs up to this travel on stdin
 
@@ -94,7 +94,7 @@ class CreateOSBackend:
         # CREATEOS_SANDBOX_WARM_POOL > 0: guests booted ahead of need (core/warm_pool.py). Per
         # instance, so shutting down the loser of a construction race leaves the winner's alone.
         self._pool = warm_pool.WarmPool(random_name=guest_spec.random_name)
-        # The last run's spec, shape and budget, reused while what they are made from holds.
+        # The last run's guest spec, shape and budget, reused while what they are made from holds.
         self._plan: _Plan | None = None
 
     def __repr__(self) -> str:
@@ -142,69 +142,53 @@ class CreateOSBackend:
         _preflight(endpoint)
         _isolation_gate(endpoint)
         plan = self._plan_for(endpoint, config, guest_env)
-        shape = plan.shape
-
         program = _Program.build(code, config.timeout_seconds)
-        create = dict(plan.create)
-        create["name"] = guest_spec.random_name(NAME_PREFIX)
-        client: Any = endpoint.client
-        native = load_native()
         started = time.monotonic()
-        run_args = ("/bin/sh", ["-c", program.script])
-        run_kwargs: dict[str, Any] = {
-            "files": program.files,
-            "stdin": program.stdin,
-            "timeout": plan.exec_timeout,
-            "max_output_bytes": config.max_output_bytes,
-            "delete": "background",
-        }
-        try:
-            admission.backend_line.enter(config.max_guests, _announce_wait, config.max_wait_seconds)
-        except admission.WaitedTooLong as exc:
-            raise SandboxUnavailableError(
-                admission.gave_up_text(
-                    "CreateOS: this sandbox run",
-                    exc,
-                    "CREATEOS_SANDBOX_MAX_GUESTS",
-                    config.max_guests,
-                    "CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
-                )
-            ) from None
-        try:
-            pool_key = plan.pool_key if config.warm_pool else None
-            warm = self._pool.take(pool_key, client, config.warm_pool) if pool_key is not None else None
-            if warm is not None:
-                # One round trip: the exec on a booted guest (deleted in the background after).
-                # A guest that was paused, deleted or died answers 404/409 before anything runs,
-                # so falling back to one fresh create cannot run the program twice.
-                try:
-                    result = client.run_program(
-                        create, *run_args, sandbox_id=warm, env=guest_env or None, **run_kwargs
-                    )
-                except (native.NotFoundError, native.ConflictError):
-                    self._pool.note_stale(pool_key, warm)  # type: ignore[arg-type]
-                    warm = None
-            if warm is None:
-                cold = _create_held(endpoint, create)
-                result = client.run_program(create, *run_args, sandbox_id=cold, **run_kwargs)
-        except native.CreateOSError as exc:
-            failures.reap_lost_create(client, create["name"], exc)
-            error = failures.to_lfx_error(exc, "run the program on a CreateOS guest")
-            guest = getattr(exc, "sandbox_id", None)
-            if guest:
-                error = type(error)(f"{error} (guest {guest}, which is being deleted)")
-            raise error from None
-        finally:
-            admission.backend_line.leave()
-            failures.log_delete_outcomes(client, 0.0, logger)
+        with lease.BACKEND.slot(config.max_guests, config.max_wait_seconds):
+            try:
+                with failures.native_errors("run the program on a CreateOS guest"):
+                    result = self._run_on_a_guest(endpoint, plan, program, config, guest_env)
+            finally:
+                lease.collect_deletes(endpoint.client, 0.0, logger)
         logger.debug(
             "createos run on %s (%s) finished in %.0f ms wall, exit %s",
             result.sandbox_id,
-            shape,
+            plan.shape,
             (time.monotonic() - started) * 1000,
             result.exit_code,
         )
         return _to_sandbox_result(result, config)
+
+    def _run_on_a_guest(
+        self,
+        endpoint: connection.Endpoint,
+        plan: _Plan,
+        program: _Program,
+        config: BackendSettings,
+        guest_env: dict[str, str],
+    ) -> ExecResult:
+        """The program on a pooled guest when one is ready, else on a fresh one: staged, run
+        and its guest deleted in the background, in one native call."""
+        options: dict[str, Any] = {
+            "files": program.files,
+            "stdin": program.stdin,
+            "timeout": plan.exec_timeout,
+            "max_output_bytes": config.max_output_bytes,
+        }
+        argv = ["-c", program.script]
+        if config.warm_pool:
+            warm = self._pool.take(plan.pool_key, endpoint, config.warm_pool)
+            if warm is not None:
+                # One round trip: the exec on a booted guest (deleted in the background after).
+                # A guest that was paused, deleted or died answers 404/409 before anything runs,
+                # so falling back to one fresh create cannot run the program twice.
+                native = load_native()
+                try:
+                    return warm.run_program("/bin/sh", argv, env=guest_env or None, **options)
+                except (native.NotFoundError, native.ConflictError):
+                    self._pool.note_stale(plan.pool_key, warm.sandbox_id)
+        cold = lease.Lease.create(endpoint, plan.guest, guest_spec.random_name(NAME_PREFIX))
+        return cold.run_program("/bin/sh", argv, **options)
 
     def _plan_for(
         self, endpoint: connection.Endpoint, config: BackendSettings, guest_env: dict[str, str]
@@ -231,27 +215,13 @@ class CreateOSBackend:
             self._drain_all()
 
     def _drain_all(self) -> None:
-        deadline = time.monotonic() + SHUTDOWN_DRAIN_SECONDS
-        for endpoint in connection.endpoints.all():
-            client: Any = endpoint.client
-            try:
-                pending = client.pending_deletes()
-            except Exception:  # a client that cannot answer has nothing we can wait for
-                logger.debug("pending_deletes failed", exc_info=True)
-                continue
-            remaining = max(0.0, deadline - time.monotonic())
-            failures.log_delete_outcomes(client, remaining if pending else 0.0, logger)
-            try:
-                left = client.pending_deletes()
-            except Exception:
-                left = 0
-            if left:
-                logger.warning(
-                    "CreateOS: %d guest delete(s) still pending at shutdown on %s; auto-pause bounds "
-                    "their cost. Delete leftover lf-* sandboxes if the process exits now.",
-                    left,
-                    endpoint.base_url,
-                )
+        for base_url, left in lease.drain_deletes(SHUTDOWN_DRAIN_SECONDS, logger).items():
+            logger.warning(
+                "CreateOS: %d guest delete(s) still pending at shutdown on %s; auto-pause bounds "
+                "their cost. Delete leftover lf-* sandboxes if the process exits now.",
+                left,
+                base_url,
+            )
 
     def reset_after_fork(self) -> None:
         """In a forked child: fresh lock, forget state. The parent's clients (sockets and
@@ -262,26 +232,6 @@ class CreateOSBackend:
 
 
 # --- one run, step by step -----------------------------------------------------------------
-
-
-def _create_held(endpoint: connection.Endpoint, create: dict[str, Any]) -> str:
-    """Create the run's guest and hold it in the pool keeper at once (run_program then adopts
-    it), so a process killed mid-run leaves it to the keeper. The delete run_program queues
-    in the background releases it once its outcome says the guest is gone
-    (``failures.log_delete_outcomes``); a failed one leaves it held."""
-    client: Any = endpoint.client
-    sandbox_id = str(client.create(create)["id"])
-    pool_keeper.hold(endpoint, sandbox_id)
-    return sandbox_id
-
-
-def _announce_wait(ahead: int, in_flight: int) -> None:
-    logger.info(
-        "CreateOS: %d sandbox run(s) in flight, the limit (CREATEOS_SANDBOX_MAX_GUESTS); this run waits "
-        "in line behind %d other(s)",
-        in_flight,
-        ahead,
-    )
 
 
 def _deny_all_acknowledged() -> bool:
@@ -303,7 +253,7 @@ class _Plan:
     """What a run's guest is made from, and its exec budget: the same for every run with the
     same settings, endpoint (and its shape catalog) and env, so it is built once for them."""
 
-    __slots__ = ("config", "create", "endpoint", "env", "exec_timeout", "pool_key", "shape", "shapes", "spec")
+    __slots__ = ("config", "endpoint", "env", "exec_timeout", "guest", "pool_key", "shape", "shapes")
 
     def __init__(
         self,
@@ -317,17 +267,17 @@ class _Plan:
         self.env = env
         self.shapes = shapes
         self.shape = shape_catalog.pick_shape(shapes, config.memory_mb, config.shape)
-        self.spec = guest_spec.GuestSpec.of(
+        time_budget = budget.backend(config.timeout_seconds)
+        self.guest = guest_spec.GuestSpec.of(
             endpoint,
             shape=self.shape,
             rootfs=config.rootfs,
             egress=network.egress_rules(config.allow_network),
-            auto_pause_seconds=guest_spec.auto_pause_seconds(config.timeout_seconds),
+            budget=time_budget,
             envs=env,
         )
-        self.create = self.spec.create_request()  # each run copies it and adds its name
-        self.pool_key = self.spec.env_at_exec()
-        self.exec_timeout = budget.backend(config.timeout_seconds).exec_timeout()
+        self.pool_key = self.guest.env_at_exec()
+        self.exec_timeout = time_budget.exec_timeout()
 
     @classmethod
     def build(cls, endpoint: connection.Endpoint, config: BackendSettings, env: dict[str, str]) -> _Plan:
@@ -405,26 +355,31 @@ def _preflight(endpoint: connection.Endpoint) -> None:
     """GET /v1/whoami once per endpoint (a new key or base URL is a new endpoint)."""
     if endpoint.preflight_ok:
         return
-    native = load_native()
     with endpoint.lock:
         if endpoint.preflight_ok:
             return
-        try:
-            who = endpoint.client.whoami()  # type: ignore[attr-defined]
-        except native.CreateOSError as exc:
-            if isinstance(exc, native.TransientError) and exc.status is None:
-                raise SandboxUnavailableError(
-                    f"CreateOS control plane at {endpoint.base_url} is unreachable ({exc}). "
-                    "Check CREATEOS_SANDBOX_BASE_URL and the network."
-                ) from None
-            if isinstance(exc, native.ProtocolError):
-                raise SandboxUnavailableError(
-                    f"{endpoint.base_url} did not answer like a CreateOS control plane ({exc}). "
-                    "Check CREATEOS_SANDBOX_BASE_URL."
-                ) from None
-            raise failures.to_lfx_error(exc, "verify the API key (GET /v1/whoami)") from None
+        with failures.native_errors(
+            "verify the API key (GET /v1/whoami)", refine=lambda exc: _preflight_refusal(endpoint, exc)
+        ):
+            who = endpoint.client.whoami()
         endpoint.isolation = connection.plane_isolation(who)
         endpoint.preflight_ok = True
+
+
+def _preflight_refusal(endpoint: connection.Endpoint, exc: BaseException) -> BaseException | None:
+    """A whoami that never reached a control plane, or reached something else: said so."""
+    native = load_native()
+    if isinstance(exc, native.TransientError) and exc.status is None:
+        return SandboxUnavailableError(
+            f"CreateOS control plane at {endpoint.base_url} is unreachable ({exc}). "
+            "Check CREATEOS_SANDBOX_BASE_URL and the network."
+        )
+    if isinstance(exc, native.ProtocolError):
+        return SandboxUnavailableError(
+            f"{endpoint.base_url} did not answer like a CreateOS control plane ({exc}). "
+            "Check CREATEOS_SANDBOX_BASE_URL."
+        )
+    return None
 
 
 class _Program:
@@ -463,7 +418,8 @@ def run_script(path: str, timeout_seconds: int) -> str:
 
     GNU timeout exits 137, not 124, when the signal it sent was KILL (it reports the forced
     kill on purpose), which would read as an out-of-memory kill. So the shell reports 124
-    when the program died of SIGKILL at or past the deadline.
+    when the program died of SIGKILL at or past the deadline (``program_clock.sh_timeout_status``,
+    the check the component's wrapper makes too).
 
     The streaming exec protocol carries no ``exec_ms``, so the shell also measures the
     program's own time and appends it to stderr as one trailer line (see
@@ -488,52 +444,48 @@ def run_script(path: str, timeout_seconds: int) -> str:
         + program_clock.SH_START
         # Redirect inside the subshell, so the parent still has /dev/null while it waits.
         + f"(exec 2>&3 3>&-; exec timeout --signal=KILL {n} python3 -u {path})\n"
-        "r=$?\n" + program_clock.sh_stop(3) + f'if [ "$r" -eq {KILLED_STATUS} ]; then\n'
-        f'  if [ -n "$c" ]; then [ "$c" -ge {n * 100 - 1} ] && exit {GUEST_TIMEOUT_STATUS}\n'
-        f'  elif [ -n "$s0" ] && [ -n "$s1" ] && [ $((s1 - s0)) -ge {n} ]; then exit {GUEST_TIMEOUT_STATUS}; fi\n'
-        "fi\n"
-        'exit "$r"\n'
+        + "r=$?\n"
+        + program_clock.sh_stop(3)
+        + program_clock.sh_timeout_status("r", str(n))
+        + 'exit "$r"\n'
     )
 
 
-def _to_sandbox_result(result: Any, config: BackendSettings) -> SandboxResult:
+def _to_sandbox_result(result: ExecResult, config: BackendSettings) -> SandboxResult:
     if result.error:
         raise SandboxExecutionError(
             f"CreateOS: the guest {result.sandbox_id or ''} could not start the program: {result.error}. "
             f"Check that CREATEOS_SANDBOX_ROOTFS={config.rootfs!r} provides /bin/sh, timeout and python3."
         )
-    stdout = result.stdout
-    stderr, program_ms = split_trailer(result.stderr)
-    if result.stderr_truncated:
-        stderr = program_clock.strip_cut_trailer(stderr)
+    done = lease.finished(result)
+    stderr = done.stderr
     notes = [
         f"[createos: {stream} truncated at {_size(config.max_output_bytes)}; "
         "set CREATEOS_SANDBOX_MAX_OUTPUT_BYTES]"
-        for stream, cut in (("stdout", result.stdout_truncated), ("stderr", result.stderr_truncated))
+        for stream, cut in (("stdout", done.stdout_truncated), ("stderr", done.stderr_truncated))
         if cut
     ]
-    if result.timed_out:
+    if done.host_timed_out:
         notes.append(
             f"[createos: no exit status within {config.timeout_seconds}s + {budget.BACKEND_GRACE_SECONDS:g}s grace; "
             "output is what arrived before the deadline]"
         )
         exit_code = EXIT_CODE_TIMEOUT
-    elif result.exit_code == GUEST_TIMEOUT_STATUS:
+    elif done.guest_timed_out:
         exit_code = EXIT_CODE_TIMEOUT
-    elif result.exit_code < 0:  # a signal reported as its negative number
-        exit_code = 128 - result.exit_code
+    elif done.exit_code < 0:  # a signal reported as its negative number
+        exit_code = 128 - done.exit_code
     else:
-        exit_code = result.exit_code
+        exit_code = done.exit_code
     if notes:
         joined = "\n".join(notes)
         stderr = f"{stderr}\n{joined}\n" if stderr and not stderr.endswith("\n") else f"{stderr}{joined}\n"
     # The service's exec_ms when it sent one (buffered exec); otherwise the guest's own count.
-    exec_ms = result.exec_ms if result.exec_ms is not None else program_ms
     return SandboxResult(
-        stdout=stdout,
+        stdout=done.stdout,
         stderr=stderr,
         exit_code=exit_code,
-        execution_time_ms=None if exec_ms is None else int(exec_ms),
+        execution_time_ms=None if done.exec_ms is None else int(done.exec_ms),
     )
 
 

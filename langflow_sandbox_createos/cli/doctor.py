@@ -203,7 +203,7 @@ def _check_control_plane(report: Report, backend: Any) -> None:
         return
     try:
         endpoint = connection.endpoints.get()
-        who = endpoint.client.whoami()  # type: ignore[attr-defined]
+        who = endpoint.client.whoami()
         stats = who.get("stats") or {}
         report.add(
             Check(

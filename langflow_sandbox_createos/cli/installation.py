@@ -48,9 +48,9 @@ def imported_copy() -> Copy | None:
         find_spec = getattr(finder, "find_spec", None)
         if find_spec is None:
             continue
-        spec = find_spec(PACKAGE, None)
-        if spec is not None and spec.origin:
-            return _describe(Path(spec.origin).resolve().parent)
+        found = find_spec(PACKAGE, None)
+        if found is not None and found.origin:
+            return _describe(Path(found.origin).resolve().parent)
     return None
 
 

@@ -8,10 +8,13 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langflow_sandbox_createos.core import clock
 from langflow_sandbox_createos.core.settings import SettingsError
+
+if TYPE_CHECKING:
+    from langflow_sandbox_createos._createos import Client
 
 # The names the plugin itself generates (22 characters: prefix + hex). The default reap
 # matches these only: not the warm pools' `lf-w-` and `lf-xw-` guests (a running Langflow's
@@ -97,7 +100,7 @@ def find_leftovers(
     return picked, active
 
 
-def _with_pause_time(client: Any, row: dict[str, Any]) -> dict[str, Any]:
+def _with_pause_time(client: Client, row: dict[str, Any]) -> dict[str, Any]:
     name = str(row.get("name") or "")
     if row.get("status") != "paused" or "paused_at" in row or not name.startswith(REUSED_PREFIX):
         return row
@@ -121,7 +124,7 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
     err = sys.stderr if err is None else err
     try:
         endpoint = connection.endpoints.get()
-        rows = endpoint.client.list()  # type: ignore[attr-defined]
+        rows = endpoint.client.list()
         if args.idle is not None:  # a list row may leave out paused_at: ask for the full view
             rows = [_with_pause_time(endpoint.client, row) for row in rows]
     except Exception as exc:
@@ -166,7 +169,7 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
     deleted, failed = 0, []
     for index, row in enumerate(leftovers, 1):
         try:
-            endpoint.client.delete(row["id"])  # type: ignore[attr-defined]
+            endpoint.client.delete(row["id"])
             deleted += 1
         except Exception as exc:
             failed.append((row["id"], failures.describe(exc)))
@@ -177,7 +180,7 @@ def reap(args: argparse.Namespace, out: Any = None, err: Any = None) -> int:
     for sandbox_id, reason in failed:
         print(f"  failed {sandbox_id}: {reason}", file=out)
     try:  # what is left now, so nobody has to check by hand (the control plane may be going away)
-        rows = endpoint.client.list()  # type: ignore[attr-defined]
+        rows = endpoint.client.list()
         if args.idle is not None:
             rows = [_with_pause_time(endpoint.client, row) for row in rows]
     except Exception as exc:

@@ -34,7 +34,7 @@ import tarfile
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 MAX_FILES = 256
 MAX_TOTAL_BYTES = 5 * 1024 * 1024
@@ -83,13 +83,17 @@ class _PastEnd(Exception):
     """The reader keeps being asked for data after the archive ended."""
 
 
+class _Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class _BoundedReader(io.RawIOBase):
     """A read-only stream over `inner` that raises once more than `budget` bytes were asked for
     and exist. `gzip.GzipFile.read(n)` inflates at most what is asked, so the budget bounds
     the work too, not only the memory. It also raises when read past `deadline` (a
     `time.monotonic()` value), and when asked for more data again and again after the end."""
 
-    def __init__(self, inner: io.BufferedIOBase, budget: int, deadline: float | None = None) -> None:
+    def __init__(self, inner: _Readable, budget: int, deadline: float | None = None) -> None:
         super().__init__()
         self._inner = inner
         self._left = budget
@@ -292,6 +296,112 @@ def _mib(n: int) -> str:
     return f"{n / (1024 * 1024):g} MiB"
 
 
+class _Reading:
+    """What one read of an archive returned and skipped so far, and the notes that say so."""
+
+    def __init__(self, budget: int, max_files: int, max_total_bytes: int, max_seconds: float) -> None:
+        self.budget = budget
+        self.max_files = max_files
+        self.max_total_bytes = max_total_bytes
+        self.max_seconds = max_seconds
+        self.out = Extraction()
+        self.unsafe = self.special = self.duplicate = self.escaped = 0
+        self.over_size: list[str] = []
+        self.total = 0
+        self.seen: set[tuple[str, bool]] = set()
+
+    def members(self, tar: tarfile.TarFile) -> None:
+        """Every member of the stream, until the files or the budget run out."""
+        for member in tar:
+            # a member's data is inflated (read or skipped) up to offset_data + size: when that
+            # is beyond the budget, stop now rather than walk there
+            if member.size > 0 and member.offset_data + member.size > self.budget:
+                raise _Declared(member.size)
+            if not self._member(tar, member):
+                return
+
+    def _member(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> bool:
+        """Read or skip one member; False once no more files may be returned."""
+        if member.isdir():
+            return True
+        path = sanitize_member_path(member.name)
+        if path is None:
+            self.unsafe += 1
+            return True
+        if not member.isreg():
+            self.special += 1
+            return True
+        shown, was_escaped = escape_name(path)
+        if (shown, was_escaped) in self.seen:
+            self.duplicate += 1
+            return True
+        if len(self.out.files) >= self.max_files:
+            self.cut(
+                f"More than {self.max_files} files were written; only the first {self.max_files} are returned."
+            )
+            return False
+        if member.size > self.max_total_bytes - self.total:
+            self.over_size.append(f"{shown} ({member.size} bytes)")
+            return True
+        handle = tar.extractfile(member)
+        data = handle.read() if handle is not None else b""
+        self.seen.add((shown, was_escaped))
+        self.escaped += was_escaped
+        self.total += len(data)
+        self.out.files.append(ArtifactFile(shown, data, was_escaped))
+        return True
+
+    def cut(self, note: str) -> None:
+        """Files are missing: say why."""
+        self.out.truncated = True
+        self.out.notes.append(note)
+
+    def stopped_early(self, stopped: BaseException | None, exc: BaseException, got_some: bool) -> None:
+        """tarfile ran out of bytes (or met a damaged block): why, and what came back."""
+        if stopped is not None:  # tarfile ran out of the bytes inflating gave it: say why
+            self.cut(_stop_note(stopped, self.budget, self.max_seconds, got_some))
+        elif got_some:
+            detail = "it declares more data than it holds" if isinstance(exc, _PastEnd) else str(exc)
+            self.cut(
+                "The archive ends early (it was cut at the transfer limit, or the archive step in the guest "
+                f"was stopped): the files before that point are returned ({detail})."
+            )
+        else:
+            self.cut(f"The archive could not be read: {exc}.")
+
+    def finish(self) -> Extraction:
+        """The extraction, with a note for each kind of entry that was skipped."""
+        out = self.out
+        if self.over_size:
+            out.truncated = True
+            shown_list = ", ".join(self.over_size[:5]) + (
+                f" and {len(self.over_size) - 5} more" if len(self.over_size) > 5 else ""
+            )
+            out.notes.append(
+                f"Skipped files that do not fit in the {_mib(self.max_total_bytes)} total: {shown_list}."
+            )
+        if self.unsafe:
+            out.notes.append(
+                f"Skipped {_plural(self.unsafe, 'entry', 'entries')} with an absolute or '..' path."
+            )
+        if self.special:
+            out.notes.append(
+                f"Skipped {_plural(self.special, 'entry', 'entries')} that are not regular files "
+                "(symlinks, hard links, devices or fifos)."
+            )
+        if self.duplicate:
+            out.notes.append(
+                f"Skipped {_plural(self.duplicate, 'entry', 'entries')} repeating the path of an earlier file "
+                "(the first one is returned)."
+            )
+        if self.escaped:
+            out.notes.append(
+                f"{_plural(self.escaped, 'file name', 'file names')} held bytes that are not UTF-8, control or bidi "
+                "characters: shown escaped (\\xNN, \\uNNNN, backslash doubled) with path_escaped true."
+            )
+        return out
+
+
 def extract(
     archive: bytes,
     *,
@@ -305,11 +415,7 @@ def extract(
     budget = (
         max_decompressed_bytes if max_decompressed_bytes is not None else max_total_bytes + DECOMPRESSED_SLACK
     )
-    out = Extraction()
-    unsafe = special = duplicate = escaped = 0
-    over_size: list[str] = []
-    total = 0
-    seen: set[tuple[str, bool]] = set()
+    reading = _Reading(budget, max_files, max_total_bytes, max_seconds)
     deadline = time.monotonic() + max_seconds
     # Inflated first, at most the budget, so every tar header can be checked before tarfile
     # parses it; tarfile then reads those bytes.
@@ -318,7 +424,8 @@ def extract(
         _check_extended_headers(inflated, MAX_EXTENDED_HEADER_BYTES)
     except _Oversized as exc:
         inflated, stopped = inflated[: exc.offset], exc
-    reader = _BoundedReader(io.BytesIO(inflated), budget, deadline)  # type: ignore[arg-type]
+    reader = _BoundedReader(io.BytesIO(inflated), budget, deadline)
+    after = "reading stopped there and any files after that point were not returned."
     try:
         if isinstance(stopped, (_Overtime, _BudgetExceeded)) and not inflated:
             raise stopped
@@ -326,96 +433,20 @@ def extract(
         # lone surrogates, which escape_name turns into visible \xNN escapes
         stream = io.BufferedReader(reader)
         with tarfile.open(fileobj=stream, mode="r|", encoding="utf-8", errors="surrogateescape") as tar:
-            for member in tar:
-                # a member's data is inflated (read or skipped) up to offset_data + size: when that
-                # is beyond the budget, stop now rather than walk there
-                if member.size > 0 and member.offset_data + member.size > budget:
-                    raise _Declared(member.size)
-                if member.isdir():
-                    continue
-                path = sanitize_member_path(member.name)
-                if path is None:
-                    unsafe += 1
-                    continue
-                if not member.isreg():
-                    special += 1
-                    continue
-                shown, was_escaped = escape_name(path)
-                if (shown, was_escaped) in seen:
-                    duplicate += 1
-                    continue
-                if len(out.files) >= max_files:
-                    out.truncated = True
-                    out.notes.append(
-                        f"More than {max_files} files were written; only the first {max_files} are returned."
-                    )
-                    break
-                if member.size > max_total_bytes - total:
-                    over_size.append(f"{shown} ({member.size} bytes)")
-                    continue
-                handle = tar.extractfile(member)
-                data = handle.read() if handle is not None else b""
-                seen.add((shown, was_escaped))
-                escaped += was_escaped
-                total += len(data)
-                out.files.append(ArtifactFile(shown, data, was_escaped))
+            reading.members(tar)
         if stopped is not None:  # the bytes tarfile had ended at a block boundary, where inflating stopped
-            out.truncated = True
-            out.notes.append(_stop_note(stopped, budget, max_seconds, bool(out.files or reader.consumed)))
+            reading.cut(_stop_note(stopped, budget, max_seconds, bool(reading.out.files or reader.consumed)))
     except _BudgetExceeded:
-        out.truncated = True
-        out.notes.append(
-            f"The archive expands to more than {_mib(budget)}; reading stopped there and any files after "
-            "that point were not returned."
-        )
+        reading.cut(f"The archive expands to more than {_mib(budget)}; {after}")
     except _Declared as exc:
-        out.truncated = True
-        out.notes.append(
+        reading.cut(
             f"The archive declares an entry of {exc.size} bytes, beyond the {_mib(budget)} it may expand to; "
-            "reading stopped there and any files after that point were not returned."
+            f"{after}"
         )
     except _Overtime:
-        out.truncated = True
-        out.notes.append(
-            f"Reading the archive took more than {max_seconds:g} s; reading stopped there and any files "
-            "after that point were not returned."
-        )
+        reading.cut(f"Reading the archive took more than {max_seconds:g} s; {after}")
     except (_PastEnd, EOFError, tarfile.ReadError) as exc:
-        out.truncated = True
-        if stopped is not None:  # tarfile ran out of the bytes inflating gave it: say why
-            out.notes.append(_stop_note(stopped, budget, max_seconds, bool(out.files or reader.consumed)))
-        elif out.files or reader.consumed:
-            detail = "it declares more data than it holds" if isinstance(exc, _PastEnd) else str(exc)
-            out.notes.append(
-                "The archive ends early (it was cut at the transfer limit, or the archive step in the guest "
-                f"was stopped): the files before that point are returned ({detail})."
-            )
-        else:
-            out.notes.append(f"The archive could not be read: {exc}.")
+        reading.stopped_early(stopped, exc, bool(reading.out.files or reader.consumed))
     except (OSError, zlib.error, tarfile.TarError, ValueError) as exc:  # BadGzipFile is an OSError
-        out.truncated = True
-        out.notes.append(f"The archive could not be read: {exc}.")
-    if over_size:
-        out.truncated = True
-        shown_list = ", ".join(over_size[:5]) + (
-            f" and {len(over_size) - 5} more" if len(over_size) > 5 else ""
-        )
-        out.notes.append(f"Skipped files that do not fit in the {_mib(max_total_bytes)} total: {shown_list}.")
-    if unsafe:
-        out.notes.append(f"Skipped {_plural(unsafe, 'entry', 'entries')} with an absolute or '..' path.")
-    if special:
-        out.notes.append(
-            f"Skipped {_plural(special, 'entry', 'entries')} that are not regular files "
-            "(symlinks, hard links, devices or fifos)."
-        )
-    if duplicate:
-        out.notes.append(
-            f"Skipped {_plural(duplicate, 'entry', 'entries')} repeating the path of an earlier file "
-            "(the first one is returned)."
-        )
-    if escaped:
-        out.notes.append(
-            f"{_plural(escaped, 'file name', 'file names')} held bytes that are not UTF-8, control or bidi "
-            "characters: shown escaped (\\xNN, \\uNNNN, backslash doubled) with path_escaped true."
-        )
-    return out
+        reading.cut(f"The archive could not be read: {exc}.")
+    return reading.finish()

@@ -6,19 +6,15 @@ reports progress and turns a `RunOutcome` into its two outputs. Everything that 
 the control plane is here, so it is importable once per process (the bundle file itself
 is loaded by lfx under a private module name) and its per-process guest cache is shared.
 
-How one run goes in the guest (`GUEST_WRAPPER`): a `/bin/sh` wrapper takes the guest's
-artifacts lock (reused guests only) and waits for an earlier run's archive to be fetched,
-creates the run's own directory and only then writes the program into it (from stdin, or
-moves the staged upload in and checks its sha256), empties `/workspace/artifacts` when
-files are to be returned, runs the program under `timeout --signal=KILL N` from
-`/workspace`, then, outside that timeout and under a budget of its own, archives
-`/workspace/artifacts` and moves the archive out of the run directory into
-`/tmp/.createos-out/` before it exits (and so releases the lock). The archive is downloaded
-with a byte cap, read by `artifacts.extract` within its byte and time budgets, and removed.
 
-A run's own guest (Guest Reuse off) is held in the process's `pool_keeper` from its create
-until its delete: a process that ends mid-run, however it ends, leaves it to the keeper, which
-deletes it. A reused guest is not held: it outlives the run and the process on purpose (other
+The guest side of a run is the `/bin/sh` wrapper of `wrapper.py`; Guest Reuse (named
+guests kept per flow, node, user and network setting) is `reuse.py`; the returned files
+are read by `artifacts.py`.
+
+A run's guest and its slot in the component's admission line are a guest lease's
+(`core/lease.py`): a run's own guest (Guest Reuse off) is held by the guest keeper from its
+create until its delete, so a process that ends mid-run, however it ends, leaves it to the
+keeper, which deletes it. A reused guest is leased unheld: it outlives the run and the process on purpose (other
 workers of the same flow share it; the product page's "Before you turn Guest Reuse on"), and
 idle expiry, the sweep, auto-pause and `reap` bound it.
 """
@@ -26,144 +22,36 @@ idle expiry, the sweep, auto-pause and `reap` bound it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
-import secrets
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
-from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+from lfx.utils.sandbox.base import SandboxUnavailableError
 
-from langflow_sandbox_createos.component import artifacts
+from langflow_sandbox_createos.component import artifacts, reuse, wrapper
+from langflow_sandbox_createos.component.reuse import NAME_PREFIX
+from langflow_sandbox_createos.component.wrapper import Mode
 from langflow_sandbox_createos.core import (
-    admission,
-    budget,
-    clock,
     connection,
     failures,
     guest_spec,
+    lease,
     network,
-    pool_keeper,
-    program_clock,
     settings,
     shape_catalog,
 )
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import DEFAULT_COMPONENT_SHAPE
 
+if TYPE_CHECKING:
+    from langflow_sandbox_createos._createos import ExecResult
+
 logger = logging.getLogger("langflow_sandbox_createos.component")
 
-NAME_PREFIX = "lf-c-"
 MAX_TIMEOUT_SECONDS = settings.MAX_TIMEOUT_SECONDS
-ARCHIVE_BUDGET_SECONDS = 30  # the archive step's own budget, outside the program's timeout
-GUEST_READY_SECONDS = 120.0  # waiting for a reused guest to finish a transition or resume
-INLINE_COMMAND_MAX = 64 * 1024  # longer commands go up as a file (one argv string is capped)
-RUN_DIR_PREFIX = "/tmp/createos-run-"
-ARTIFACTS_DIR = "/workspace/artifacts"
-LOCK_PATH = "/tmp/.createos-sandbox.lock"
 
-LIVE_TRANSITIONS = frozenset({"creating", "pausing", "resuming", "forking"})
-TERMINAL = frozenset({"destroyed", "failed"})
-
-PENDING_WAIT_SECONDS = 20  # a reused run waits this long for an earlier run's archive to be fetched
-ARCHIVE_DIR = "/tmp/.createos-out"  # finished archives wait here for their host, out of later runs' way
-
-# $1 run dir (created by the wrapper, after the lock), $2 program timeout, $3 collect (1/0),
-# $4 archive budget, $5 archive byte cap, $6 lock wait (0 = no lock), $7 pending-archive wait,
-# $8 where the program file goes ("" = none: an inline command), $9 how it arrives: "stdin"
-# (the exec's stdin) or the sha256 of "$1.upload" (uploaded before the exec); then argv.
-GUEST_WRAPPER = (
-    r"""
-run=$1 limit=$2 collect=$3 budget=$4 cap=$5 lockwait=$6 pendwait=$7 src=$8 from=$9
-shift 9
-art=/workspace/artifacts outdir=/tmp/.createos-out
-# Builtins where a process is not needed (each one started costs the run about a millisecond):
-# whole seconds from /proc/uptime (monotonic), or from date(1) where it cannot be read
-if read now _ 2>/dev/null </proc/uptime; then clock=uptime; else clock=date; fi
-secs() {
-  now=
-  if [ "$clock" = uptime ] && read now _ 2>/dev/null </proc/uptime; then now=${now%.*}; fi
-  case $now in ''|*[!0-9]*) now=$(date +%s) ;; esac
-}
-# whether $1 exists, a dangling link included
-there() { [ -e "$1" ] || [ -L "$1" ]; }
-# whether the directory $outdir holds anything
-pending() {
-  for f in "$outdir"/* "$outdir"/.[!.]* "$outdir"/..?*; do
-    if there "$f"; then return 0; fi
-  done
-  return 1
-}
-[ -d /workspace ] || mkdir -p /workspace 2>/dev/null
-cd /workspace 2>/dev/null || cd /
-if [ "$lockwait" -gt 0 ] && command -v flock >/dev/null 2>&1; then
-  secs; began=$now
-  exec 9>>/tmp/.createos-sandbox.lock
-  if ! flock -w "$lockwait" 9; then
-    echo "CreateOS Sandbox: another run kept this reused guest busy for more than ${lockwait}s" >&2
-    exit 125
-  fi
-  # an earlier run's archive waits for its host: this run's program starts once it is gone
-  # (the lock wait and this wait share one budget, $lockwait)
-  secs; left=$(( lockwait - (now - began) ))
-  if [ "$left" -lt "$pendwait" ]; then pendwait=$left; fi
-  n=0
-  while pending && [ "$n" -lt $((pendwait * 10)) ]; do
-    sleep 0.1 2>/dev/null || sleep 1
-    n=$((n + 1))
-  done
-  if there "$outdir"; then rm -rf -- "$outdir"; fi
-fi
-if ! mkdir -m 700 -- "$run" 2>/dev/null; then
-  echo "CreateOS Sandbox: could not create the run directory $run" >&2
-  exit 125
-fi
-if [ "$from" = stdin ]; then
-  cat > "$src" || exit 125
-elif [ -n "$src" ]; then
-  mv -f -- "$run.upload" "$src" 2>/dev/null
-  sum=$(sha256sum < "$src" 2>/dev/null) || sum=
-  if [ -L "$src" ] || [ ! -f "$src" ] || { [ "${sum%% *}" != "$from" ] && { [ -n "$sum" ] || [ "$lockwait" -gt 0 ]; }; }; then
-    echo "CreateOS Sandbox: the uploaded program is missing or was changed before it ran" >&2
-    rm -rf -- "$run"
-    exit 125
-  fi
-fi
-if [ "$collect" = 1 ] && there "$art"; then rm -rf -- "$art"; fi
-[ -d "$art" ] || mkdir -p -- "$art" 2>/dev/null
-secs; start=$now
-"""
-    + program_clock.SH_START
-    + r"""
-# timeout's own stderr is discarded (it can print "Killed"); the program gets the real one
-( timeout --signal=KILL "$limit" /bin/sh -c 'exec "$@" 2>&3 3>&-' program "$@" </dev/null 9>&-
-  exit $? ) 3>&2 2>/dev/null
-rc=$?
-"""
-    + program_clock.sh_stop(2)
-    + r"""
-if [ "$rc" -eq 137 ]; then secs; if [ $((now - start)) -ge "$limit" ]; then rc=124; fi; fi
-if [ "$collect" = 1 ]; then
-  ( timeout --signal=KILL "$budget" /bin/sh -c \
-      'tar -czf - -C "$1" . 2>/dev/null | head -c "$2" > "$3"' archive "$art" "$cap" "$run/files.tar.gz" \
-      </dev/null 9>&-
-    exit $? ) 2>/dev/null
-  rm -rf -- "$art"
-  mkdir -p -- "$art" 2>/dev/null
-  # out of the run directory before the lock is released; the host fetches and removes it
-  mkdir -p -- "$outdir" 2>/dev/null
-  mv -f -- "$run/files.tar.gz" "$outdir/${run##*/}.tar.gz" 2>/dev/null
-fi
-rm -rf -- "$run"
-exit "$rc"
-"""
-)
-
-Mode = Literal["python", "command"]
 REUSE_MODES = ("off", "flow", "session")
 # Langflow's namespace for an anonymous end user's run (lfx.workflow.end_user_identity)
 _ANONYMOUS_SESSION_PREFIX = "anon::"
@@ -178,10 +66,7 @@ NO_OWNER_NOTICE = (
     "an anonymous end user of a served flow has neither), so a reused guest could be shared with "
     "anyone else who runs the flow without one: it ran on a fresh guest, deleted afterwards."
 )
-SWEEP_INTERVAL_SECONDS = 60.0  # at most one sweep of idle reused guests per process per minute
-SWEEP_MAX_DELETES = 50
 OutputCallback = Callable[[Literal["stdout", "stderr"], str], None]
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -271,7 +156,7 @@ class Progress:
 
     ``component`` is anything with a ``status`` attribute and lfx's ``log(message, name=)``:
     the canvas component, or the executor host's recorder of what a guest's node should show
-    (executor_sandbox), whose entries the guest replays with ``replay``."""
+    (executor/bridge.py), whose entries the guest replays with ``replay``."""
 
     def __init__(self, component: Any) -> None:
         self._component = component
@@ -343,7 +228,7 @@ def build_request(
     `session_mode`, `collect_artifacts`, `allow_network`, `timeout_seconds`, `shape`), for that
     node in that flow, user and session. Raises ValueError for a field the node cannot run
     with. The component builds its request with it in-process, and the executor's host with
-    the host flow's fields for a node that runs in a guest (executor_sandbox)."""
+    the host flow's fields for a node that runs in a guest (executor/bridge.py)."""
     timeout = check_timeout(fields.get("timeout_seconds"))
     command = str(fields.get("command") or "").strip()
     code = fields.get("python_code")
@@ -400,271 +285,7 @@ def reuse_owner(mode: str, user_id: object, session_id: object) -> tuple[str, ..
     return (f"user:{user}", f"session:{session}") if session else None
 
 
-def reuse_name(flow_id: str, component_id: str, egress: tuple[str, ...], owner: tuple[str, ...]) -> str:
-    """The guest's name for (flow, component, owner, network policy): 22 characters, `lf-c-`
-    prefix. The parts are hashed as one JSON list, so no choice of a session id (which the
-    caller picks) can make its parts read as another owner's."""
-    return guest_spec.stable_name(NAME_PREFIX, json.dumps([flow_id, component_id, list(owner), list(egress)]))
-
-
-def idle_seconds(record: dict[str, Any], now: float | None = None) -> float | None:
-    """How long a reused guest has sat unused: since it paused, which CreateOS does after
-    `auto_pause_after_seconds` without an exec. None while it is not paused (it ran within
-    its auto-pause window) or when the control plane gave no pause time."""
-    return clock.paused_seconds(record, time.time() if now is None else now)
-
-
-def idle_expired(record: dict[str, Any], limit: float, now: float | None = None) -> bool:
-    idle = idle_seconds(record, now)
-    return idle is not None and idle > limit
-
-
-# --- the per-process guest cache ---------------------------------------------------------
-
-
-class _GuestIds:
-    """name -> sandbox id of reused guests seen by this process. Only a hint: every use is
-    verified with a GET, and a restarted worker finds its guest again by name."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ids: dict[str, str] = {}
-
-    def get(self, name: str) -> str | None:
-        with self._lock:
-            return self._ids.get(name)
-
-    def remember(self, name: str, sandbox_id: str) -> None:
-        with self._lock:
-            self._ids[name] = sandbox_id
-
-    def forget(self, name: str, sandbox_id: str | None = None) -> None:
-        with self._lock:
-            if sandbox_id is None or self._ids.get(name) == sandbox_id:
-                self._ids.pop(name, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._ids.clear()
-
-
-guest_ids = _GuestIds()
-
-
-def _after_acquire(client: Any, sandbox_id: str) -> None:
-    """Test seam: runs between finding the guest and using it."""
-
-
-# --- guest lookup --------------------------------------------------------------------------
-
-
-class _GuestGone(Exception):
-    """The guest vanished or is being destroyed: look it up again."""
-
-
-def _sleep_step(attempt: int) -> float:
-    return min(2.0, 0.25 * (1.25 ** max(0, attempt - 4)))
-
-
-def _pick(rows: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    """The guest holding `name`: running first, then the oldest (so racing lookups agree)."""
-    alive = [r for r in rows if r.get("name") == name and r.get("status") not in TERMINAL]
-    if not alive:
-        return None
-    alive.sort(key=lambda r: (r.get("status") != "running", str(r.get("created_at") or ""), str(r.get("id"))))
-    return alive[0]
-
-
-def _wait_running(client: Any, native: Any, sandbox_id: str, deadline: float) -> dict[str, Any]:
-    """Bring a guest to `running`: resume it when paused, wait out transitions."""
-    attempt = 0
-    while True:
-        try:
-            record = client.get(sandbox_id)
-        except native.NotFoundError:
-            raise _GuestGone from None
-        status = record.get("status")
-        if status == "running":
-            return record
-        if status == "paused":
-            remaining = max(1.0, deadline - time.monotonic())
-            try:
-                record = client.resume(sandbox_id, wait=remaining)
-            except native.ConflictError:
-                pass  # another worker resumed it first: poll
-            except native.NotFoundError:
-                raise _GuestGone from None
-            else:
-                if record.get("status") == "running":
-                    return record
-        elif status in ("destroying", *TERMINAL):
-            raise _GuestGone
-        elif status not in LIVE_TRANSITIONS:
-            raise SandboxUnavailableError(
-                f"CreateOS: the reused guest {sandbox_id} is in state {status!r} and cannot run code. "
-                f"Delete it (DELETE /v1/sandboxes/{sandbox_id}); the next run creates a fresh one."
-            )
-        if time.monotonic() >= deadline:
-            raise SandboxExecutionError(
-                f"CreateOS: the reused guest {sandbox_id} did not become running within "
-                f"{GUEST_READY_SECONDS:g} s (last state {status!r}); retry later."
-            )
-        attempt += 1
-        time.sleep(_sleep_step(attempt))
-
-
-def _check_drift(record: dict[str, Any], wanted: tuple[str, ...], allow_network: bool) -> None:
-    live = record.get("egress")
-    if not network.egress_matches(live, wanted):
-        raise SandboxUnavailableError(
-            f"Refusing to reuse guest {record.get('id')} ({record.get('name')}): its egress rules are "
-            f"{list(live or ['*'])}, but Allow Network {'on' if allow_network else 'off'} needs "
-            f"{list(wanted)}. The rules were changed after the guest was created, so the network policy "
-            f"this component shows would not be the one applied. Delete the guest "
-            f"(DELETE /v1/sandboxes/{record.get('id')}) and the next run creates a fresh one."
-        )
-
-
-def acquire_reused_guest(
-    endpoint: connection.Endpoint,
-    native: Any,
-    name: str,
-    spec: dict[str, Any],
-    wanted: tuple[str, ...],
-    allow_network: bool,
-    *,
-    idle_limit: float | None = None,
-    expired: list[str] | None = None,
-) -> tuple[dict[str, Any], bool]:
-    """The running guest named `name`, and whether it already existed (False: created now).
-
-    Tries the id this process remembers (one GET), then a full, paginated lookup by name,
-    then a create; a duplicate-name conflict means another worker won the race, so the
-    lookup runs again and adopts its guest. A guest idle longer than `idle_limit` seconds is
-    deleted instead of used (its id appended to `expired`), and a fresh one is created.
-
-    A guest created here is not held in the pool keeper: other workers may be using it when
-    this process ends (idle expiry, the sweep, auto-pause and reap bound it)."""
-    client: Any = endpoint.client
-    deadline = time.monotonic() + GUEST_READY_SECONDS
-    attempt = 0
-    while True:
-        record: dict[str, Any] | None = None
-        cached = guest_ids.get(name)
-        if cached is not None:
-            try:
-                record = client.get(cached)
-            except native.NotFoundError:
-                record = None
-            if record is not None and (record.get("name") != name or record.get("status") in TERMINAL):
-                record = None
-            if record is None:
-                guest_ids.forget(name, cached)
-        from_get = record is not None  # a full view; a list row may be abridged
-        if record is None:
-            record = _pick(client.list(prefix=name), name)
-        if record is None:
-            try:
-                created = client.create(spec)
-            except native.ConflictError:
-                logger.debug("guest name %s was taken concurrently; adopting the winner", name)
-            else:
-                guest_ids.remember(name, created["id"])
-                return created, False
-        elif record.get("status") != "destroying":
-            sandbox_id = str(record["id"])
-            try:
-                # decide on drift (and state) from a GET, never from a list row
-                current = record if from_get else client.get(sandbox_id)
-                if idle_limit is not None and idle_expired(current, idle_limit):
-                    _delete_expired(client, native, current, idle_limit)
-                    if expired is not None:
-                        expired.append(sandbox_id)
-                    raise _GuestGone
-                _check_drift(current, wanted, allow_network)
-                running = (
-                    current
-                    if current.get("status") == "running"
-                    else _wait_running(client, native, sandbox_id, deadline)
-                )
-            except (_GuestGone, native.NotFoundError):
-                guest_ids.forget(name, sandbox_id)
-            else:
-                guest_ids.remember(name, sandbox_id)
-                return running, True
-        if time.monotonic() >= deadline:
-            raise SandboxExecutionError(
-                f"CreateOS: could not find or create the reused guest {name} within "
-                f"{GUEST_READY_SECONDS:g} s (it may still be being destroyed); retry later."
-            )
-        attempt += 1
-        time.sleep(_sleep_step(attempt))
-
-
-def _delete_expired(client: Any, native: Any, record: dict[str, Any], limit: float) -> None:
-    sandbox_id = str(record["id"])
-    logger.info(
-        "deleting reused guest %s (%s): idle %.0f s, past CREATEOS_SANDBOX_REUSE_IDLE_SECONDS=%g",
-        sandbox_id,
-        record.get("name"),
-        idle_seconds(record) or 0.0,
-        limit,
-    )
-    pool_keeper.delete(client, sandbox_id)  # already gone (404) is as good
-
-
-class _Sweeper:
-    """Deletes every reused guest (`lf-c-`) idle past the lifetime, at most once per
-    SWEEP_INTERVAL_SECONDS per process, from reused runs: a guest whose user never comes back
-    is gone by the next reused run anyone makes after its lifetime, without a cron job."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last = float("-inf")
-
-    def due(self) -> bool:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._last < SWEEP_INTERVAL_SECONDS:
-                return False
-            self._last = now
-            return True
-
-    def reset(self) -> None:
-        with self._lock:
-            self._last = float("-inf")
-
-    def sweep(self, client: Any, native: Any, limit: float) -> list[str]:
-        """Best effort: a failure is logged and the run goes on."""
-        deleted: list[str] = []
-        try:
-            rows = client.list(prefix=NAME_PREFIX)
-            now = time.time()
-            for row in rows:
-                if len(deleted) >= SWEEP_MAX_DELETES:
-                    break
-                name = str(row.get("name") or "")
-                if not name.startswith(NAME_PREFIX) or row.get("status") != "paused":
-                    continue
-                record = row if "paused_at" in row else client.get(str(row["id"]))
-                if idle_expired(record, limit, now):
-                    _delete_expired(client, native, record, limit)
-                    guest_ids.forget(name, str(record["id"]))
-                    deleted.append(str(record["id"]))
-        except native.CreateOSError as exc:
-            logger.warning("sweeping idle reused guests failed: %s", failures.describe(exc))
-        return deleted
-
-
-sweeper = _Sweeper()
-
-
 # --- one run -------------------------------------------------------------------------------
-
-
-@dataclass
-class _Phase:
-    action: str = "reach the CreateOS control plane"
 
 
 def _max_output_bytes() -> int:
@@ -672,114 +293,32 @@ def _max_output_bytes() -> int:
         return settings.max_output_bytes()
 
 
-@dataclass(frozen=True)
-class _GuestProgram:
-    run_dir: str
-    argv: list[str]
-    files: list[tuple[str, bytes]]  # uploaded before the exec
-    stdin: str | None  # or sent as the exec's stdin, which the wrapper writes to a file
-    exec_timeout: float
-
-    @property
-    def archive_path(self) -> str:
-        """Where the wrapper leaves the archive for the host (outside the run directory)."""
-        return f"{ARCHIVE_DIR}/{self.run_dir.rsplit('/', 1)[-1]}.tar.gz"
-
-
-def lock_wait_seconds(timeout: int) -> int:
-    """How long a run on a reused guest waits for its turn: one whole run of another (its own
-    wait for the archive before it, its program, its archive step), then the wait for that
-    run's archive to be fetched."""
-    return PENDING_WAIT_SECONDS + timeout + ARCHIVE_BUDGET_SECONDS + 15 + PENDING_WAIT_SECONDS
-
-
-def build_program(req: RunRequest, *, lock: bool) -> _GuestProgram:
-    """The exec argv (`/bin/sh -c GUEST_WRAPPER ...`) and the files to upload first."""
-    run_dir = RUN_DIR_PREFIX + secrets.token_hex(8)
-    files: list[tuple[str, bytes]] = []
-    stdin: str | None = None
-    source = ""
-    try:
-        data = req.program.encode("utf-8")
-        json_safe = True
-    except UnicodeEncodeError:
-        # lone surrogates cannot travel in a JSON string: the bytes are uploaded, and the
-        # guest reports the invalid source exactly as it would locally
-        data = req.program.encode("utf-8", "surrogatepass")
-        json_safe = False
-    if req.mode == "python":
-        source = f"{run_dir}/main.py"
-        program = ["python3", "-u", source]
-    elif len(data) > INLINE_COMMAND_MAX:
-        source = f"{run_dir}/main.sh"
-        program = ["/bin/sh", source]
-    else:
-        program = ["/bin/sh", "-c", req.program]
-    arrives = ""
-    if source:
-        if json_safe and len(data) <= guest_spec.STDIN_PROGRAM_MAX_BYTES:
-            stdin = req.program  # written to `source` by the wrapper: one round trip fewer
-            arrives = "stdin"
-        else:
-            # staged next to the run directory, which only exists once the wrapper holds the
-            # lock; the wrapper moves it in and checks it is still these bytes
-            files.append((f"{run_dir}.upload", data))
-            arrives = hashlib.sha256(data).hexdigest()
-    archive_budget = ARCHIVE_BUDGET_SECONDS if req.collect else 0
-    lock_wait = lock_wait_seconds(req.timeout) if lock else 0
-    pending_wait = PENDING_WAIT_SECONDS if lock else 0
-    argv = [
-        "-c",
-        GUEST_WRAPPER,
-        "createos-sandbox",
-        run_dir,
-        str(req.timeout),
-        "1" if req.collect else "0",
-        str(ARCHIVE_BUDGET_SECONDS),
-        str(artifacts.MAX_ARCHIVE_BYTES),
-        str(lock_wait),
-        str(pending_wait),
-        source,
-        arrives,
-        *program,
-    ]
-    exec_timeout = budget.component(lock_wait + req.timeout + archive_budget).exec_timeout()
-    return _GuestProgram(run_dir, argv, files, stdin, exec_timeout)
-
-
-def _outcome(result: Any, req: RunRequest, sandbox_id: str | None, reused: bool) -> RunOutcome:
-    stderr, program_ms = program_clock.split_trailer(result.stderr)  # the wrapper's clock
-    if result.stderr_truncated:
-        stderr = program_clock.strip_cut_trailer(stderr)
-    exit_code = int(result.exit_code)
-    timed_out = bool(result.timed_out) or exit_code == 124
-    start_error = result.error or None
-    if start_error and exit_code == 0:
+def _outcome(result: ExecResult, req: RunRequest, sandbox_id: str | None, reused: bool) -> RunOutcome:
+    done = lease.finished(result)  # the wrapper's clock trailer off stderr, its 124 read
+    exit_code = done.exit_code
+    if done.start_error and exit_code == 0:
         exit_code = -1  # a command that never started must not read as a success
-    if result.timed_out:
+    if done.host_timed_out:
         exit_code = -1
     return RunOutcome(
-        stdout=result.stdout,
-        stderr=stderr,
+        stdout=done.stdout,
+        stderr=done.stderr,
         exit_code=exit_code,
         sandbox_id=sandbox_id,
         reused_guest=reused,
         timeout=req.timeout,
-        timed_out=timed_out,
-        start_error=start_error,
-        output_truncated=bool(result.stdout_truncated or result.stderr_truncated),
-        exec_ms=result.exec_ms if result.exec_ms is not None else program_ms,
+        timed_out=done.host_timed_out or done.guest_timed_out,
+        start_error=done.start_error,
+        output_truncated=done.stdout_truncated or done.stderr_truncated,
+        exec_ms=done.exec_ms,
     )
 
 
-def _collect(
-    client: Any, native: Any, sandbox_id: str, program: _GuestProgram, outcome: RunOutcome, retry: Callable
-) -> None:
+def _collect(guest: lease.Lease, program: wrapper.GuestProgram, outcome: RunOutcome, retry: Callable) -> None:
     """Download and read the run's archive into `outcome`; failures are reported, not raised."""
+    native = load_native()
     try:
-        blob = retry(
-            lambda: client.download(sandbox_id, program.archive_path, max_bytes=artifacts.MAX_ARCHIVE_BYTES)
-        )
+        blob = retry(lambda: guest.download(program.archive_path, artifacts.MAX_ARCHIVE_BYTES))
     except native.NotFoundError:
         outcome.artifacts_truncated = True
         outcome.artifacts_message = (
@@ -800,37 +339,12 @@ def _collect(
     outcome.artifacts_message = extraction.message
 
 
-def _resume_retry(client: Any, native: Any, sandbox_id: str) -> Callable[[Callable[[], T]], T]:
-    """Call `fn`; if the guest answers 409 because it paused meanwhile, resume it and retry once."""
-
-    def call(fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except native.ConflictError as exc:
-            try:
-                status = client.get(sandbox_id).get("status")
-            except native.CreateOSError:
-                raise exc from None
-            if status == "running" and "paused" not in str(exc):
-                raise
-            logger.info("guest %s was %s at use; resuming it and retrying once", sandbox_id, status)
-            try:
-                _wait_running(client, native, sandbox_id, time.monotonic() + GUEST_READY_SECONDS)
-            except _GuestGone:
-                raise exc from None
-            return fn()
-
-    return call
-
-
-def _upload_and_exec(
-    client: Any, sandbox_id: str, program: _GuestProgram, max_output: int, on_output: OutputCallback | None
-) -> Any:
-    """Run `program` on an existing guest: its files go up first, then one exec."""
-    for path, data in program.files:
-        client.upload(sandbox_id, path, data)
-    return client.exec(
-        sandbox_id,
+def _stage_and_exec(
+    guest: lease.Lease, program: wrapper.GuestProgram, max_output: int, on_output: OutputCallback | None
+) -> ExecResult:
+    """Run `program` on the guest: its files go up first, then one exec."""
+    guest.stage(program.files)
+    return guest.exec(
         "/bin/sh",
         program.argv,
         stdin=program.stdin,
@@ -840,42 +354,44 @@ def _upload_and_exec(
     )
 
 
-def _run_reused(
-    endpoint: connection.Endpoint,
-    native: Any,
-    req: RunRequest,
-    spec: dict[str, Any],
-    egress: tuple[str, ...],
-    max_output: int,
-    on_output: OutputCallback | None,
-    phase: _Phase,
-    note: Callable[[str], None],
-    idle_limit: int,
-) -> RunOutcome:
-    client: Any = endpoint.client
-    name = str(spec["name"])
-    if sweeper.due():
-        phase.action = "delete idle reused guests"
-        sweeper.sweep(client, native, idle_limit)
-    phase.action = f"find or create the reused guest {name}"
+@dataclass(frozen=True)
+class _Run:
+    """What both kinds of run are made of, judged before any guest exists."""
+
+    endpoint: connection.Endpoint
+    req: RunRequest
+    guest: guest_spec.GuestSpec
+    max_output: int
+    on_output: OutputCallback | None
+    note: Callable[[str], None]
+
+
+def _run_reused(run: _Run, doing: failures.Doing, idle_limit: int) -> RunOutcome:
+    req, endpoint, note = run.req, run.endpoint, run.note
+    native = load_native()
+    name = reuse.reuse_name(req.flow_id, req.component_id, run.guest.egress, req.owner or ())
+    if reuse.sweeper.due():
+        doing.action = "delete idle reused guests"
+        reuse.sweeper.sweep(endpoint, idle_limit)
+    doing.action = f"find or create the reused guest {name}"
     note(f"Finding guest {name}…")
     expired: list[str] = []
-    record, reused = acquire_reused_guest(
-        endpoint, native, name, spec, egress, req.allow_network, idle_limit=idle_limit, expired=expired
+    record, reused = reuse.acquire_reused_guest(
+        endpoint, native, name, run.guest, req.allow_network, idle_limit=idle_limit, expired=expired
     )
-    sandbox_id = str(record["id"])
-    wanted_pause = int(spec["auto_pause_after_seconds"])
+    kept = lease.Lease.kept(endpoint, str(record["id"]))
+    sandbox_id = kept.sandbox_id
     current_pause = record.get("auto_pause_after_seconds")
-    if isinstance(current_pause, int) and current_pause < wanted_pause:
-        phase.action = f"raise the auto-pause window of guest {sandbox_id}"
-        client.patch(sandbox_id, {"auto_pause_after_seconds": wanted_pause})
-    _after_acquire(client, sandbox_id)
-    program = build_program(req, lock=True)
-    retry = _resume_retry(client, native, sandbox_id)
+    if isinstance(current_pause, int) and current_pause < run.guest.auto_pause_seconds:
+        doing.action = f"raise the auto-pause window of guest {sandbox_id}"
+        endpoint.client.patch(sandbox_id, {"auto_pause_after_seconds": run.guest.auto_pause_seconds})
+    reuse.after_acquire(endpoint.client, sandbox_id)
+    program = wrapper.build_program(req, lock=True)
+    retry = reuse.resume_retry(endpoint.client, native, sandbox_id)
 
-    phase.action = f"run the program on guest {sandbox_id}"
+    doing.action = f"run the program on guest {sandbox_id}"
     note(f"Running on {'reused' if reused else 'new'} guest {sandbox_id}…")
-    result = retry(lambda: _upload_and_exec(client, sandbox_id, program, max_output, on_output))
+    result = retry(lambda: _stage_and_exec(kept, program, run.max_output, run.on_output))
     outcome = _outcome(result, req, sandbox_id, reused)
     if expired:
         outcome.reuse_notice = (
@@ -884,57 +400,33 @@ def _run_reused(
         )
     if req.collect:
         note("Collecting files…")
-        _collect(client, native, sandbox_id, program, outcome, retry)
+        _collect(kept, program, outcome, retry)
         try:
-            client.exec(sandbox_id, "/bin/rm", ["-f", program.archive_path], timeout=30.0, stream=False)
+            kept.exec("/bin/rm", ["-f", program.archive_path], timeout=30.0, stream=False)
         except native.CreateOSError as exc:  # the next run drops it after its pending wait
             logger.warning("could not remove %s on guest %s: %s", program.archive_path, sandbox_id, exc)
     return outcome
 
 
-def _run_fresh(
-    endpoint: connection.Endpoint,
-    native: Any,
-    req: RunRequest,
-    spec: dict[str, Any],
-    max_output: int,
-    on_output: OutputCallback | None,
-    phase: _Phase,
-    note: Callable[[str], None],
-) -> RunOutcome:
-    client: Any = endpoint.client
-    program = build_program(req, lock=False)
-    spec = {**spec, "name": guest_spec.random_name(NAME_PREFIX)}
-    phase.action = "create a guest"
-    note("Creating a guest…")
-    sandbox_id = _create_held(endpoint, native, spec)
+def _run_fresh(run: _Run, doing: failures.Doing) -> RunOutcome:
+    program = wrapper.build_program(run.req, lock=False)
+    doing.action = "create a guest"
+    run.note("Creating a guest…")
+    own = lease.Lease.create(run.endpoint, run.guest, guest_spec.random_name(NAME_PREFIX))
+    sandbox_id = own.sandbox_id
     try:
-        phase.action = f"run the program on guest {sandbox_id}"
-        note(f"Running on new guest {sandbox_id}…")
-        result = _upload_and_exec(client, sandbox_id, program, max_output, on_output)
-        outcome = _outcome(result, req, sandbox_id, False)
-        if req.collect:
-            note("Collecting files…")
-            _collect(client, native, sandbox_id, program, outcome, lambda fn: fn())
+        doing.action = f"run the program on guest {sandbox_id}"
+        run.note(f"Running on new guest {sandbox_id}…")
+        result = _stage_and_exec(own, program, run.max_output, run.on_output)
+        outcome = _outcome(result, run.req, sandbox_id, False)
+        if run.req.collect:
+            run.note("Collecting files…")
+            _collect(own, program, outcome, lambda fn: fn())
         return outcome
-    finally:
-        try:
-            pool_keeper.delete(client, sandbox_id)
-        except native.CreateOSError as exc:  # still held: the keeper tries again at exit
-            logger.warning("could not delete guest %s: %s", sandbox_id, failures.describe(exc))
-
-
-def _create_held(endpoint: connection.Endpoint, native: Any, spec: dict[str, Any]) -> str:
-    """Create a run's own guest and hold it in the pool keeper until it is deleted, so a
-    process killed mid-run leaves it to the keeper."""
-    client: Any = endpoint.client
-    try:
-        sandbox_id = str(client.create(spec)["id"])
-    except native.CreateOSError as exc:
-        failures.reap_lost_create(client, spec["name"], exc)
-        raise
-    pool_keeper.hold(endpoint, sandbox_id)
-    return sandbox_id
+    finally:  # a failed delete leaves the guest held: the keeper tries again at exit
+        own.end(
+            lambda exc: logger.warning("could not delete guest %s: %s", sandbox_id, failures.describe(exc))
+        )
 
 
 def run(
@@ -959,7 +451,6 @@ def run(
         req = replace(req, reuse=False)
     max_output = _max_output_bytes()  # every setting is judged before a guest exists
     endpoint = connection.endpoints.get()
-    native = load_native()
     shapes = shape_catalog.catalog(endpoint)
     if req.shape not in {shape_id for _, shape_id in shapes}:
         raise SandboxUnavailableError(
@@ -967,59 +458,28 @@ def run(
             f"Available: {', '.join(s for _, s in shapes) or 'none'}. "
             "Set the Shape input or CREATEOS_SANDBOX_SHAPE to one of them."
         )
-    egress = network.egress_rules(req.allow_network)
-    phase = _Phase()
-
-    def announce_wait(ahead: int, in_flight: int) -> None:
-        text = (
-            f"{in_flight} CreateOS Sandbox run(s) in flight, the limit (CREATEOS_SANDBOX_MAX_GUESTS={max_guests}); "
-            f"waiting in line behind {ahead} other(s)…"
-        )
-        logger.info("CreateOS Sandbox: %s", text)
-        note(text)
-
-    try:
-        admission.component_line.enter(max_guests, announce_wait, max_wait)
-    except admission.WaitedTooLong as exc:
-        raise SandboxUnavailableError(
-            admission.gave_up_text(
-                "CreateOS Sandbox: this run",
-                exc,
-                "CREATEOS_SANDBOX_MAX_GUESTS",
-                max_guests,
-                "CREATEOS_SANDBOX_MAX_WAIT_SECONDS",
-            )
-        ) from None
-    try:
+    one = _Run(endpoint, req, _guest_spec(endpoint, req, rootfs), max_output, on_output, note)
+    with (
+        lease.COMPONENT.slot(max_guests, max_wait, tell=note),
+        failures.native_errors("reach the CreateOS control plane") as doing,
+    ):
         if req.reuse:
-            busy = lock_wait_seconds(req.timeout) + req.timeout + ARCHIVE_BUDGET_SECONDS
-            spec = _spec(endpoint, req, rootfs, egress, busy)
-            outcome = _run_reused(
-                endpoint, native, req, spec, egress, max_output, on_output, phase, note, idle_limit
-            )
+            outcome = _run_reused(one, doing, idle_limit)
         else:
-            spec = _spec(endpoint, req, rootfs, egress, req.timeout + ARCHIVE_BUDGET_SECONDS)
-            outcome = _run_fresh(endpoint, native, req, spec, max_output, on_output, phase, note)
+            outcome = _run_fresh(one, doing)
             outcome.reuse_notice = notice
-    except native.CreateOSError as exc:
-        raise failures.to_lfx_error(exc, phase.action) from None
-    finally:
-        admission.component_line.leave()
     if not req.allow_network:
         outcome.network_notice = NETWORK_OFF_NOTICE
     return outcome
 
 
-def _spec(
-    endpoint: connection.Endpoint, req: RunRequest, rootfs: str, egress: tuple[str, ...], busy_seconds: int
-) -> dict[str, Any]:
-    """The create request of this run's guest; a reused guest has a stable name."""
-    guest = guest_spec.GuestSpec.of(
+def _guest_spec(endpoint: connection.Endpoint, req: RunRequest, rootfs: str) -> guest_spec.GuestSpec:
+    """What this run's guest is created with. Its auto-pause covers the longest run it may
+    serve: one that returns files and, on a reused guest, waits for its turn first."""
+    return guest_spec.GuestSpec.of(
         endpoint,
         shape=req.shape,
         rootfs=rootfs,
-        egress=egress,
-        auto_pause_seconds=guest_spec.auto_pause_seconds(busy_seconds),
+        egress=network.egress_rules(req.allow_network),
+        budget=wrapper.time_budget(req.timeout, lock=req.reuse, collect=True),
     )
-    name = reuse_name(req.flow_id, req.component_id, egress, req.owner or ()) if req.reuse else None
-    return guest.create_request(name)

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+
+from langflow_sandbox_createos.core import hooks
 
 
 def resolve(future: asyncio.Future[None]) -> None:
@@ -267,6 +268,11 @@ class SyncLine(_Counts):
 backend_line = SyncLine("backend")
 component_line = SyncLine("component")
 executor_line = Line("executor")
-if hasattr(os, "register_at_fork"):
-    for _line in (backend_line, component_line, executor_line):
-        os.register_at_fork(after_in_child=_line.forget_after_fork)
+
+
+def _forget_lines_after_fork() -> None:
+    for line in (backend_line, component_line, executor_line):
+        line.forget_after_fork()
+
+
+hooks.after_fork("admission lines", _forget_lines_after_fork)

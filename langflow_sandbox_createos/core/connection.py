@@ -7,17 +7,18 @@ Importing this module is cheap and reads no settings.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import logging
-import os
 import threading
-import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from langflow_sandbox_createos import __version__
-from langflow_sandbox_createos.core import failures, settings
+from langflow_sandbox_createos.core import failures, hooks, settings
 from langflow_sandbox_createos.core.native import load_native
+
+if TYPE_CHECKING:
+    from langflow_sandbox_createos._createos import Client
 
 logger = logging.getLogger("langflow_sandbox_createos")
 
@@ -35,7 +36,7 @@ class Endpoint:
     pools apart), the control timeout, and what is cached per endpoint (preflight, shape
     catalog, isolation). The key itself never shows in a repr."""
 
-    client: object = field(repr=False)
+    client: Client = field(repr=False)
     base_url: str
     key: settings.ApiKey = field(repr=False)
     key_digest: str
@@ -99,13 +100,10 @@ class _Endpoints:
         with self._lock:
             endpoint = self._by_key.get((url, digest, control_timeout))
             if endpoint is None:
-                native = load_native()
-                try:
-                    client = native.Client(
+                with failures.native_errors("configure the CreateOS client"):
+                    client = load_native().Client(
                         url, key.value, user_agent=USER_AGENT, control_timeout=float(control_timeout)
                     )
-                except native.CreateOSError as exc:
-                    raise failures.to_lfx_error(exc, "configure the CreateOS client") from None
                 endpoint = Endpoint(
                     client=client,
                     base_url=url,
@@ -126,7 +124,7 @@ class _Endpoints:
             self._by_key.clear()
         for endpoint in endpoints:
             try:
-                endpoint.client.close()  # type: ignore[attr-defined]
+                endpoint.client.close()
             except Exception:  # closing is best effort at shutdown
                 logger.debug("closing the CreateOS client failed", exc_info=True)
 
@@ -137,23 +135,4 @@ class _Endpoints:
 
 
 endpoints = _Endpoints()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=endpoints.reset_after_fork)
-
-
-def log_pending_deletes(timeout: float) -> None:
-    """Wait up to `timeout` for the background deletes of every client, logging each outcome.
-    Runs at process exit, so a delete that failed in the last run is still reported."""
-    deadline = time.monotonic() + timeout
-    for endpoint in endpoints.all():
-        try:
-            pending = endpoint.client.pending_deletes()  # type: ignore[attr-defined]
-        except Exception:  # a closed client has nothing to wait for
-            continue
-        failures.log_delete_outcomes(
-            endpoint.client, max(0.0, deadline - time.monotonic()) if pending else 0.0
-        )
-
-
-EXIT_DRAIN_SECONDS = 5.0
-atexit.register(log_pending_deletes, EXIT_DRAIN_SECONDS)
+hooks.after_fork("endpoints", endpoints.reset_after_fork)

@@ -1,15 +1,14 @@
-"""The native client's errors as lfx's two error classes, and the guests whose create or delete
-did not go as planned (a create that may have landed, deletes still pending at exit)."""
+"""The native client's errors as lfx's two error classes, mapped in one place
+(:func:`native_errors`), and a malformed setting as lfx's refusal."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import pool_keeper
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import SettingsError
 
@@ -70,86 +69,43 @@ def describe(exc: BaseException) -> str:
 
 def to_lfx_error(exc: BaseException, action: str) -> SandboxExecutionError:
     """Map a native error onto lfx's classes: refusals and non-429 4xx fail closed as
-    SandboxUnavailableError; 429, 5xx, transport and protocol faults are SandboxExecutionError."""
+    SandboxUnavailableError; 429, 5xx, transport and protocol faults are SandboxExecutionError.
+    An error that names its guest (run_program's) says the guest is being deleted."""
     native = load_native()
     message = f"CreateOS: could not {action}: {describe(exc)}"
+    guest = getattr(exc, "sandbox_id", None)
+    if guest:
+        message += f" (guest {guest}, which is being deleted)"
     if isinstance(exc, native.UnavailableError):
         return SandboxUnavailableError(message)
     return SandboxExecutionError(message)
 
 
-# --- guests whose create or delete did not go as planned ------------------------------------
+class Doing:
+    """What a run is doing, named by the error if a native call fails meanwhile."""
+
+    __slots__ = ("action",)
+
+    def __init__(self, action: str) -> None:
+        self.action = action
 
 
-def create_may_have_landed(exc: BaseException) -> bool:
-    """Whether a failed create may still have made its guest: its answer was lost (deadline,
-    reset, cut or garbled body) or was a 5xx from somewhere in between. A 4xx, 429 included,
-    is a definite refusal."""
-    if getattr(exc, "sandbox_id", None):
-        return False  # the caller knows the guest and deletes it
-    status = getattr(exc, "status", None)
-    return status is None or not 400 <= status < 500
-
-
-def reap_lost_create(client: object, name: str, exc: BaseException) -> None:
-    """After a create whose answer was lost, find the guest by its unique name and delete it,
-    so an answer cut in flight never orphans a VM. Best effort, logged, never raises."""
-    if not name or not create_may_have_landed(exc):
-        return
+@contextlib.contextmanager
+def native_errors(
+    action: str, *, refine: Callable[[BaseException], BaseException | None] | None = None
+) -> Iterator[Doing]:
+    """The one place native errors become lfx's (httpx's ``map_httpcore_exceptions`` is the
+    model): a native error raised in the body is raised again as :func:`to_lfx_error` makes
+    it, naming ``action``, or what the body set ``doing.action`` to since (``with
+    native_errors("create a guest") as doing: ...``). ``refine`` may answer an error its own
+    way first (None: the common mapping). The native error is not chained: it may quote what
+    a server sent."""
+    doing = Doing(action)
     native = load_native()
     try:
-        rows = client.list(prefix=name)  # type: ignore[attr-defined]
-    except native.CreateOSError as lookup:
-        logger.warning(
-            "CreateOS: a create failed without a usable answer and the guest named %s could not be "
-            "looked up (%s). If it exists, auto-pause bounds its cost; delete leftovers with "
-            "'createos-langflow reap --yes'.",
-            name,
-            describe(lookup),
-        )
-        return
-    for row in rows:
-        if row.get("name") != name or row.get("status") in ("destroyed", "failed"):
-            continue
-        try:
-            client.delete(row["id"])  # type: ignore[attr-defined]
-        except native.CreateOSError as failed:
-            logger.warning(
-                "CreateOS: could not delete guest %s (%s), created by a request whose answer was lost: "
-                "%s. Auto-pause bounds its cost; delete leftovers with 'createos-langflow reap --yes'.",
-                row.get("id"),
-                name,
-                describe(failed),
-            )
-        else:
-            logger.info(
-                "CreateOS: deleted guest %s (%s), created by a request whose answer was lost",
-                row.get("id"),
-                name,
-            )
-
-
-def log_delete_outcomes(client: object, timeout: float, log: logging.Logger = logger) -> None:
-    """Log the outcome of every background delete that finished (never the key): the
-    backend's deletes and those the native client retried. A guest that is gone is released
-    from the pool keeper; one whose delete failed stays held, for the keeper to try at exit."""
-    try:
-        outcomes = client.drain_deletes(timeout)  # type: ignore[attr-defined]
-    except Exception:  # collecting outcomes must never fail a run
-        log.debug("drain_deletes failed", exc_info=True)
-        return
-    for sandbox_id, status, error in outcomes:
-        if error is None and (status is None or 200 <= status < 300 or status == 404):
-            pool_keeper.release(sandbox_id)
-            log.debug("CreateOS: deleted guest %s (HTTP %s)", sandbox_id, status)
-        else:
-            log.warning(
-                "CreateOS: could not delete guest %s (HTTP %s): %s. Auto-pause bounds its cost; "
-                "delete leftovers with 'createos-langflow reap --yes'.",
-                sandbox_id,
-                status,
-                error or "unexpected status",
-            )
+        yield doing
+    except native.CreateOSError as exc:
+        raise (refine(exc) if refine is not None else None) or to_lfx_error(exc, doing.action) from None
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""What a guest is created with: its name, its auto-pause budget, and what may travel to it."""
+"""What a guest is created with: its name, its auto-pause budget (read from the runs' time
+budget, ``core/budget.py``), and what may travel to it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from langflow_sandbox_createos.core.budget import TimeBudget
     from langflow_sandbox_createos.core.connection import Endpoint
 
 logger = logging.getLogger("langflow_sandbox_createos")
@@ -55,11 +57,6 @@ def stable_name(prefix: str, *parts: str) -> str:
     return prefix + digest[: NAME_MAX - len(prefix)]
 
 
-def auto_pause_seconds(timeout_seconds: int) -> int:
-    """Longer than one execution: the activity clock is touched only when an exec is accepted."""
-    return min(86400, max(60, timeout_seconds + 120))
-
-
 # A pooled guest is handed out only while it is this much younger than its auto-pause budget.
 EXPIRY_MARGIN_SECONDS = 15.0
 
@@ -96,15 +93,16 @@ class GuestSpec:
         shape: str,
         rootfs: str,
         egress: Iterable[str],
-        auto_pause_seconds: int,
+        budget: TimeBudget,
         envs: Mapping[str, str] | None = None,
     ) -> GuestSpec:
+        """The guest spec of runs of ``budget`` (its auto-pause budget is read from it)."""
         return cls(
             endpoint=endpoint,
             shape=shape,
             rootfs=rootfs,
             egress=tuple(egress),
-            auto_pause_seconds=auto_pause_seconds,
+            auto_pause_seconds=budget.auto_pause_seconds(),
             envs=None if envs is None else tuple(sorted(envs.items())),
         )
 

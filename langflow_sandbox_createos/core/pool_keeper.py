@@ -36,11 +36,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
-from langflow_sandbox_createos.core import with_this_package_importable
+from langflow_sandbox_createos.core import hooks, with_this_package_importable
 
 if TYPE_CHECKING:
+    from langflow_sandbox_createos._createos import Client
     from langflow_sandbox_createos.core.connection import Endpoint
 
 logger = logging.getLogger("langflow_sandbox_createos.pool_keeper")
@@ -196,8 +197,7 @@ def _one_line(sandbox_id: str) -> bool:
 
 
 keepers = _Keepers()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=keepers.forget_after_fork)
+hooks.after_fork("guest keepers", keepers.forget_after_fork)
 
 
 def hold(endpoint: Endpoint, sandbox_id: str) -> None:
@@ -212,7 +212,7 @@ def release(sandbox_id: str) -> None:
     keepers.release(sandbox_id)
 
 
-def delete(client: Any, sandbox_id: str) -> None:
+def delete(client: Client, sandbox_id: str) -> None:
     """Delete a guest and release it once it is gone (deleted, or already gone: 404). Any
     other failure raises, and the guest stays held: the keeper tries again at exit."""
     try:

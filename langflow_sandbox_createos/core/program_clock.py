@@ -3,7 +3,8 @@ line of stderr (the streaming exec protocol carries no ``exec_ms``). Used by the
 guest script and the component's guest wrapper; ``split_trailer`` takes the line off again.
 
 The shell reads ``/proc/uptime`` (centiseconds) with its ``read`` builtin, so no process
-starts for it. Without a readable ``/proc/uptime`` it sends no trailer.
+starts for it. Without a readable ``/proc/uptime`` it sends no trailer. The same clock tells a
+program killed at its deadline from one killed otherwise (``sh_timeout_status``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,27 @@ def sh_stop(fd: int) -> str:
         f'case "$u0" in {_VALID} case "$u1" in {_VALID} '
         "c=$(( (${u1%.*} - ${u0%.*}) * 100 + 1${u1#*.} - 1${u0#*.} )) ;; esac ;; esac\n"
         f"if [ -n \"$c\" ]; then printf '{TRAILER_PREFIX_SH}%s\\n' $((c * 10)) >&{fd}; fi\n"
+    )
+
+
+# The status a program killed at its deadline inside the guest ends with: GNU `timeout` exits
+# 137, not 124, when the signal it sent was KILL (it reports the forced kill on purpose), which
+# would read as an out-of-memory kill, so the guest shell reports 124 itself (sh_timeout_status).
+GUEST_TIMEOUT_STATUS = 124
+KILLED_STATUS = 137
+
+
+def sh_timeout_status(status: str, limit: str) -> str:
+    """Shell, after :func:`sh_stop`: the shell variable ``status`` (a program's exit status)
+    becomes 124 when the program died of SIGKILL at or past ``limit`` seconds (a number, or a
+    shell expansion of one), read from the centiseconds `c` it ran (``c >= 100 limit - 1``:
+    truncation to centiseconds keeps that whenever it ran ``limit`` s), else from `date`'s whole
+    seconds. The one place a KILL past the deadline is told from any other KILL."""
+    return (
+        f'if [ "${status}" -eq {KILLED_STATUS} ]; then\n'
+        f'  if [ -n "$c" ]; then [ "$c" -ge $(({limit} * 100 - 1)) ] && {status}={GUEST_TIMEOUT_STATUS}\n'
+        f'  elif [ -n "$s0" ] && [ -n "$s1" ] && [ $((s1 - s0)) -ge {limit} ]; then {status}={GUEST_TIMEOUT_STATUS}; fi\n'
+        "fi\n"
     )
 
 

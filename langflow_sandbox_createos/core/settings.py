@@ -158,7 +158,7 @@ def api_key(environ: Mapping[str, str] | None = None) -> ApiKey:
                 "HTTP header. Copy the key again without extra characters."
             )
         return ApiKey(value, name)
-    raw_url = os.environ.get("CREATEOS_SANDBOX_BASE_URL", "").strip()
+    raw_url = raw("CREATEOS_SANDBOX_BASE_URL", environ) or ""  # the same mapping the key is read from
     try:
         host = urlsplit(raw_url).hostname if raw_url else None
     except ValueError:  # judged where the URL is read; here it only picks the advice

@@ -9,7 +9,6 @@ from collections.abc import Iterable, Sequence
 from lfx.utils.sandbox.base import SandboxUnavailableError
 
 from langflow_sandbox_createos.core import connection, failures
-from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import MIN_SHAPE_MEMORY_MIB
 
 logger = logging.getLogger("langflow_sandbox_createos")
@@ -33,13 +32,10 @@ def catalog(endpoint: connection.Endpoint) -> tuple[tuple[int, str], ...]:
     """The shape catalog, every page, fetched once per endpoint."""
     with endpoint.lock:
         if endpoint.shapes is None:
-            native = load_native()
-            try:
-                rows = endpoint.client.shapes()  # type: ignore[attr-defined]
-            except native.CreateOSError as exc:
-                # classified like every other call: a 429, 5xx, transport or protocol fault
-                # here is as transient as it is anywhere else
-                raise failures.to_lfx_error(exc, "read the shape catalog") from None
+            # classified like every other call: a 429, 5xx, transport or protocol fault here is
+            # as transient as it is anywhere else
+            with failures.native_errors("read the shape catalog"):
+                rows = endpoint.client.shapes()
             endpoint.shapes = parse_catalog(rows)
         return endpoint.shapes
 
@@ -74,7 +70,3 @@ def pick_shape(shapes: Sequence[tuple[int, str]], memory_mb: int, pinned: str | 
         f"{MIN_SHAPE_MEMORY_MIB})); the largest is {shapes[-1][1]} with {shapes[-1][0]} MiB. "
         "Lower LANGFLOW_SANDBOX_MEMORY_MB or pin a shape with CREATEOS_SANDBOX_SHAPE."
     )
-
-
-def shape_memory(shapes: Sequence[tuple[int, str]], shape_id: str) -> int | None:
-    return next((mem for mem, s in shapes if s == shape_id), None)

@@ -25,15 +25,16 @@ Design points (docs/performance.md has the costs):
   used for one auto-pause window stops replacing guests that expire, so an idle process
   drains its pool instead of churning guests forever.
 - **Lifecycle.** ``shutdown()`` and process exit (atexit) delete every pooled guest. Each
-  guest is held in its endpoint's :mod:`pool_keeper` from its create until it is deleted,
-  also after a run took it (the run deletes it and releases it then), so a process that ends
-  without shutdown or atexit (killed, SIGQUIT, ``os._exit`` as gunicorn's workers do) leaves
-  them to the keeper. A fork child forgets the parent's pool (never touching the parent's
-  guests); it builds its own.
+  guest is a :class:`~langflow_sandbox_createos.core.lease.Lease`, held by the guest keeper
+  from its create until it is deleted; ``take`` hands the lease to the run (which ends it), so
+  a process that ends without shutdown or atexit (killed, SIGQUIT, ``os._exit`` as gunicorn's
+  workers do) leaves pooled guests and those of runs in flight to the keeper. A fork child
+  forgets the parent's pool (never touching the parent's guests); it builds its own.
 - **Warmers.** A pool may be given a :class:`Warmer` that prepares each new guest further
   (the executor starts its guest runner and waits until lfx is loaded) and holds a handle
   for it; a guest whose handle reports it unusable is discarded at ``take`` without a request.
-- **Gates.** A pool may also be given a :class:`Gate`, the surface's admission line: each
+- **Gates.** A pool may also be given a :class:`Gate`, the surface's admission line
+  (``lease.Admission.gate``): each
   create then holds one of the line's slots from its request until its guest is warm, and
   starts only when a slot is spare (no run waiting, fewer than the limit in flight). Refills
   then count against the same limit as runs, never make a run wait, and resume by themselves
@@ -42,9 +43,7 @@ Design points (docs/performance.md has the costs):
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import threading
 import time
 import weakref
@@ -53,8 +52,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from langflow_sandbox_createos.core import failures, pool_keeper
+from langflow_sandbox_createos.core import connection, hooks
 from langflow_sandbox_createos.core.guest_spec import GuestSpec
+from langflow_sandbox_createos.core.lease import Lease
 
 logger = logging.getLogger("langflow_sandbox_createos.warm_pool")
 
@@ -76,7 +76,7 @@ class Warmer(Protocol):
     """Prepares a freshly created guest before it is handed out, and owns what that leaves
     open (a running exec, for the executor)."""
 
-    def warm(self, client: Any, sandbox_id: str, key: GuestSpec) -> Any:
+    def warm(self, guest: Lease, key: GuestSpec) -> Any:
         """Blocking; returns the handle kept with the guest. Raises when the guest is unusable."""
 
     def usable(self, handle: Any) -> bool:
@@ -104,15 +104,19 @@ class Gate(Protocol):
 
 @dataclass
 class _Guest:
-    sandbox_id: str
+    lease: Lease
     expires: float  # monotonic; past it the guest may be paused by the control plane
     handle: Any = None  # what the pool's warmer returned for it
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.lease.sandbox_id
 
 
 @dataclass
 class _Pool:
     key: GuestSpec
-    client: Any
+    endpoint: connection.Endpoint
     target: int
     ready: deque[_Guest] = field(default_factory=deque)
     pending: int = 0
@@ -161,9 +165,9 @@ class WarmPool:
     def _init_state(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._pools: dict[GuestSpec, _Pool] = {}
-        self._to_delete: deque[tuple[Any, str, Any]] = deque()  # (client, sandbox id, handle)
+        self._to_delete: deque[tuple[Lease, Any]] = deque()  # (the guest, its warmer's handle)
         self._workers: list[threading.Thread] = []
-        self._warming: dict[str, Any] = {}  # sandbox id -> client, while its warmer runs
+        self._warming: dict[str, Lease] = {}  # sandbox id -> the guest, while its warmer runs
         self._busy = 0  # workers inside a native call
         self._generation = 0
         self._counters = {
@@ -178,23 +182,22 @@ class WarmPool:
 
     # --- the run's side ----------------------------------------------------------------------
 
-    def take(self, key: GuestSpec, client: Any, target: int) -> str | None:
-        """A ready guest's id for ``key``, or None when none is ready (the caller creates one).
+    def take(self, key: GuestSpec, endpoint: connection.Endpoint, target: int) -> Lease | None:
+        """A ready guest's lease for ``key``, or None when none is ready (the caller creates one).
 
         Also sets the pool's size to ``target`` and schedules the refill. No I/O."""
-        guest = self.take_guest(key, client, target)
-        return guest.sandbox_id if guest is not None else None
+        guest = self.take_guest(key, endpoint, target)
+        return guest.lease if guest is not None else None
 
-    def take_guest(self, key: GuestSpec, client: Any, target: int) -> _Guest | None:
-        """Like :meth:`take`, with the warmer's handle. The caller owns the guest from here and
-        deletes it; it stays held in the pool keeper until then (:func:`pool_keeper.delete`, or
-        :func:`pool_keeper.release` once a delete elsewhere succeeded)."""
+    def take_guest(self, key: GuestSpec, endpoint: connection.Endpoint, target: int) -> _Guest | None:
+        """Like :meth:`take`, with the warmer's handle. The lease is the caller's from here: it
+        ends it (the guest stays held by the keeper until then)."""
         now = time.monotonic()
         with self._cond:
             pool = self._pools.get(key)
             if pool is None:
-                pool = self._pools[key] = _Pool(key=key, client=client, target=target)
-            pool.client = client  # the endpoint's client may have been rebuilt (same URL and key)
+                pool = self._pools[key] = _Pool(key=key, endpoint=endpoint, target=target)
+            pool.endpoint = endpoint  # the endpoint may have been rebuilt (same URL and key)
             pool.target = target
             pool.last_used = now
             guest = None
@@ -207,14 +210,14 @@ class WarmPool:
                 else:
                     guest = candidate
                     break
-                self._to_delete.append((pool.client, candidate.sandbox_id, candidate.handle))
+                self._to_delete.append((candidate.lease, candidate.handle))
             while len(pool.ready) > target:  # the size was lowered
                 dropped = pool.ready.pop()
-                self._to_delete.append((pool.client, dropped.sandbox_id, dropped.handle))
+                self._to_delete.append((dropped.lease, dropped.handle))
             if guest is not None:
                 self._counters["taken"] += 1
             self._wake_workers_locked()
-        # the guest stays held: the run that took it deletes it (and releases it then)
+        # the guest stays held: the run that took its lease ends it
         return guest
 
     def note_stale(self, key: GuestSpec, sandbox_id: str) -> None:
@@ -290,7 +293,7 @@ class WarmPool:
             while pool.ready and pool.ready[0].expires <= now:
                 self._counters["expired"] += 1
                 old = pool.ready.popleft()
-                self._to_delete.append((pool.client, old.sandbox_id, old.handle))
+                self._to_delete.append((old.lease, old.handle))
         if self._to_delete:
             return ("delete", self._to_delete.popleft(), None)
         for pool in self._pools.values():
@@ -341,26 +344,21 @@ class WarmPool:
     def _create(self, pool: _Pool, generation: int) -> None:
         key = pool.key
         started = time.monotonic()
-        name = self._random_name(self.prefix)
-        sandbox_id = None
+        guest = None
         handle = None
         try:
-            view = pool.client.create(key.create_request(name))
-            sandbox_id = view["id"]
-            pool_keeper.hold(key.endpoint, sandbox_id)
+            guest = Lease.create(pool.endpoint, key, self._random_name(self.prefix))
             if self._warmer is not None:
                 with self._cond:
-                    self._warming[sandbox_id] = pool.client  # shutdown deletes it mid-warm-up
+                    self._warming[guest.sandbox_id] = guest  # shutdown deletes it mid-warm-up
                 try:
-                    handle = self._warmer.warm(pool.client, sandbox_id, key)
+                    handle = self._warmer.warm(guest, key)
                 finally:
                     with self._cond:
-                        self._warming.pop(sandbox_id, None)
+                        self._warming.pop(guest.sandbox_id, None)
         except Exception as exc:
-            if sandbox_id is None:
-                failures.reap_lost_create(pool.client, name, exc)
-            else:
-                self._delete(pool.client, sandbox_id, None)
+            if guest is not None:  # a create whose answer was lost: Lease.create deleted it
+                self._delete(guest, None)
             with self._cond:
                 if isinstance(exc, PoolDisabled):
                     pool.disabled = True
@@ -388,30 +386,30 @@ class WarmPool:
                 and len(pool.ready) < pool.target
             ):
                 # The activity clock starts no earlier than the request was sent.
-                pool.ready.append(_Guest(sandbox_id, started + key.lifetime_seconds(), handle))
+                pool.ready.append(_Guest(guest, started + key.lifetime_seconds(), handle))
                 self._cond.notify_all()
                 return
         # shut down, forgotten or no longer wanted meanwhile
-        self._delete(pool.client, sandbox_id, handle)
+        self._delete(guest, handle)
 
-    def _delete(self, client: Any, sandbox_id: str, handle: Any = None) -> None:
+    def _delete(self, guest: Lease, handle: Any = None) -> None:
         if handle is not None and self._warmer is not None:
             try:
                 self._warmer.discard(handle)
             except Exception:  # deleting the guest is what matters
                 logger.debug("warm pool: discarding a handle failed", exc_info=True)
-        try:
-            pool_keeper.delete(client, sandbox_id)
-        except Exception as exc:  # still held: the keeper tries again when this process ends
-            ok = False
+
+        def failed(exc: BaseException) -> None:  # still held: the keeper tries again at exit
             logger.warning(
                 "CreateOS warm pool: could not delete guest %s: %s. Auto-pause bounds its cost; "
                 "delete leftover lf-w-* sandboxes.",
-                sandbox_id,
+                guest.sandbox_id,
                 exc,
             )
-        else:
-            ok = True
+
+        if guest.ended:  # shutdown deleted it while its warmer ran
+            return
+        ok = guest.end(failed)
         with self._cond:
             self._counters["deleted" if ok else "delete_failures"] += 1
 
@@ -426,9 +424,9 @@ class WarmPool:
             doomed = list(self._to_delete)
             self._to_delete.clear()
             for pool in self._pools.values():
-                doomed += [(pool.client, g.sandbox_id, g.handle) for g in pool.ready]
+                doomed += [(g.lease, g.handle) for g in pool.ready]
                 pool.ready.clear()
-            doomed += [(client, sandbox_id, None) for sandbox_id, client in self._warming.items()]
+            doomed += [(guest, None) for guest in self._warming.values()]
             self._warming.clear()
             self._pools.clear()
             workers = list(self._workers)
@@ -449,7 +447,7 @@ class WarmPool:
         self._init_state()
 
 
-def _delete_all(pool: WarmPool, doomed: list[tuple[Any, str, Any]], deadline: float) -> None:
+def _delete_all(pool: WarmPool, doomed: list[tuple[Lease, Any]], deadline: float) -> None:
     """Delete guests in parallel (up to MAX_WORKERS threads), within the deadline."""
     if not doomed:
         return
@@ -493,6 +491,5 @@ def _forget_all_after_fork() -> None:
         pool.forget_after_fork()  # pool_keeper forgets the parent's held guests on its own
 
 
-atexit.register(_shutdown_all)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_all_after_fork)
+hooks.at_exit("warm pools", _shutdown_all)
+hooks.after_fork("warm pools", _forget_all_after_fork)

@@ -39,11 +39,12 @@ import asyncio
 import base64
 import contextvars
 import logging
-import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
+
+from langflow_sandbox_createos.core import hooks
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -100,7 +101,7 @@ def _forget_pool_in_child() -> None:
     _pool, _pool_lock = None, threading.Lock()  # the parent's threads are not the child's
 
 
-os.register_at_fork(after_in_child=_forget_pool_in_child)
+hooks.after_fork("bridge threads", _forget_pool_in_child)
 
 
 async def _on_bridge_threads(work: Callable[[], _T]) -> _T:
@@ -383,8 +384,7 @@ class SandboxBridge:
 
     # -- the CreateOS Sandbox component ----------------------------------------------------
     def _component_work(self, frame: Mapping[str, Any]) -> Callable[[], dict[str, Any]]:
-        from langflow_sandbox_createos.component import engine as sandbox_run
-        from langflow_sandbox_createos.component import policy
+        from langflow_sandbox_createos.component import engine, policy
 
         flow_id, node, fed = self._node(frame)
         if _node_type(node) not in policy.COMPONENT_TYPES:
@@ -408,7 +408,7 @@ class SandboxBridge:
         identity = {
             "flow_id": flow_id or None,
             # the end user where Langflow serves the run to one (the host's graph knows it)
-            "user_id": sandbox_run.run_owner(self.graph if live else None, self.spec.get("user_id")),
+            "user_id": engine.run_owner(self.graph if live else None, self.spec.get("user_id")),
             "session_id": self.spec.get("session_id"),
         }
         vertex = str(frame.get("vertex"))
@@ -419,10 +419,10 @@ class SandboxBridge:
             if getattr(principal, "kind", None) == "anonymous_public":
                 raise policy.public_flow_error(f"CreateOS Sandbox ({vertex})")
             policy.require_protected_tweak_fields()
-            request = sandbox_run.build_request(fields, component_id=vertex, **identity)
+            request = engine.build_request(fields, component_id=vertex, **identity)
             shown = _Shown()
-            progress = sandbox_run.Progress(shown)
-            outcome = sandbox_run.run(request, on_output=progress.on_output)
+            progress = engine.Progress(shown)
+            outcome = engine.run(request, on_output=progress.on_output)
             tail = shown.status if isinstance(shown.status, str) else ""
             return {"outcome": encode_outcome(outcome), "progress": {"logs": shown.logs, "tail": tail}}
 

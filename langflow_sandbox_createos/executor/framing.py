@@ -30,6 +30,41 @@ EXIT_FAILED = 1  # the run raised (a `fatal` frame went first)
 # The most characters of an error, a traceback or pip's output one frame carries.
 TAIL_CHARS = 4000
 
+# Every frame type the runner writes: the most bytes of JSON one may hold, and whether the
+# runner writes it once per run. Flow code can learn the frame secret (it shares the runner's
+# memory), so the host holds each frame to this table: an authentic frame of another type, or
+# over its limit (`reader.py`), or a second one of a once-per-run type (`engine.py`), fails the
+# run. Control frames are small; vertex events are capped at 512 KiB by the runner; the rest
+# carry messages, code and the run's results.
+_KIB, _MIB = 1024, 1024 * 1024
+FRAME_TYPES: dict[str, tuple[int, bool]] = {
+    # type: (byte limit, once per run)
+    "hello": (64 * _KIB, True),
+    "ready": (64 * _KIB, True),
+    "graph": (64 * _KIB, True),
+    "accepted": (64 * _KIB, True),
+    "waiting": (64 * _KIB, True),
+    "done": (64 * _KIB, True),
+    "timeout": (64 * _KIB, False),
+    "missing_lfx": (64 * _KIB, False),
+    "idle_expired": (64 * _KIB, False),
+    "installing": (64 * _KIB, False),
+    "installed": (64 * _KIB, False),
+    "install_failed": (64 * _KIB, False),
+    "fatal": (64 * _KIB, False),
+    "delete": (64 * _KIB, False),
+    "vertex": (1 * _MIB, False),
+    "event": (4 * _MIB, False),
+    "store": (4 * _MIB, False),
+    "update": (4 * _MIB, False),
+    "sandbox": (4 * _MIB, False),
+    "trace": (4 * _MIB, False),
+    "history": (64 * _KIB, False),
+    "outputs": (8 * _MIB, True),
+}
+FRAME_LIMITS = {kind: limit for kind, (limit, _) in FRAME_TYPES.items()}
+ONCE = frozenset(kind for kind, (_, once) in FRAME_TYPES.items() if once)
+
 
 def new_token() -> str:
     """A per-run frame secret (256 bits, hex)."""

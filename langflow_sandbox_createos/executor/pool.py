@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from langflow_sandbox_createos.core import admission, connection, guest_spec, warm_pool
+from langflow_sandbox_createos.core import budget, connection, guest_spec, lease, warm_pool
 from langflow_sandbox_createos.core.guest_spec import GuestSpec
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor.run import SPEC_PATH, _Run, compact_json, runner_stdin
@@ -72,15 +72,21 @@ def pool_key(endpoint: connection.Endpoint, cfg: ExecutorSettings, envs: dict[st
         shape=cfg.shape,
         rootfs=cfg.rootfs,
         egress=tuple(cfg.egress),
-        auto_pause_seconds=guest_spec.auto_pause_seconds(
-            cfg.timeout_seconds + cfg.warm_pool_idle_seconds + WAIT_MARGIN_SECONDS
-        ),
+        auto_pause_seconds=budget.executor(
+            cfg.timeout_seconds, spec_wait=_spec_wait(cfg.warm_pool_idle_seconds)
+        ).auto_pause_seconds(),
         envs=tuple(sorted(envs.items())),
         timeout_seconds=cfg.timeout_seconds,
         idle_seconds=cfg.warm_pool_idle_seconds,
         max_output_bytes=cfg.max_output_bytes,
         cfg=cfg,
     )
+
+
+def _spec_wait(idle_seconds: int) -> int:
+    """How long a pooled runner waits for its spec: a little longer than the host hands its
+    guest out."""
+    return idle_seconds + WAIT_MARGIN_SECONDS
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,10 +117,10 @@ def _wait_json(seconds: float) -> str:
 class _Warmer:
     """Starts a guest's runner and waits until it is ready for a spec (warm_pool.Warmer)."""
 
-    def warm(self, client: Any, sandbox_id: str, key: GuestSpec) -> Any:
+    def warm(self, guest: lease.Lease, key: GuestSpec) -> Any:
         assert isinstance(key, ExecutorPoolKey)
-        wait = key.idle_seconds + WAIT_MARGIN_SECONDS
-        run = _Run(key.endpoint, key.cfg, None, pooled_guest=sandbox_id, waiting=wait)
+        wait = _spec_wait(key.idle_seconds)
+        run = _Run(key.endpoint, key.cfg, None, pooled=guest, spec_wait=wait)
         run.start_exec(runner_stdin(run.token, wait=_wait_json(wait)))
         kinds = run.wait_warm(WARM_TIMEOUT_SECONDS)
         if "waiting" in kinds and run.alive():
@@ -136,22 +142,10 @@ class _Warmer:
         handle.discard()
 
 
-class _LineGate:
-    """The executor's admission line as the pool's gate: a refill is one more run in flight."""
-
-    def try_enter(self, key: GuestSpec) -> bool:
-        assert isinstance(key, ExecutorPoolKey)
-        return admission.executor_line.try_enter_spare(key.cfg.max_guests)
-
-    def has_spare(self, key: GuestSpec) -> bool:
-        assert isinstance(key, ExecutorPoolKey)
-        return admission.executor_line.has_spare(key.cfg.max_guests)
-
-    def leave(self) -> None:
-        admission.executor_line.leave()
-
-    def when_spare(self, callback: Any) -> None:
-        admission.executor_line.when_spare(callback)
+def _max_guests(key: GuestSpec) -> int:
+    """The limit a refill of ``key`` counts against: its runs' (CREATEOS_EXECUTOR_MAX_GUESTS)."""
+    assert isinstance(key, ExecutorPoolKey)
+    return key.cfg.max_guests
 
 
 _lock = threading.Lock()
@@ -164,7 +158,10 @@ def pool() -> warm_pool.WarmPool:
     with _lock:
         if _pool is None:
             _pool = warm_pool.WarmPool(
-                random_name=guest_spec.random_name, prefix=NAME_PREFIX, warmer=_Warmer(), gate=_LineGate()
+                random_name=guest_spec.random_name,
+                prefix=NAME_PREFIX,
+                warmer=_Warmer(),
+                gate=lease.EXECUTOR.gate(_max_guests),
             )
         return _pool
 
@@ -172,7 +169,7 @@ def pool() -> warm_pool.WarmPool:
 def take(endpoint: connection.Endpoint, cfg: ExecutorSettings, envs: dict[str, str]) -> tuple[Any, Any]:
     """(a ready warm run, its key) or (None, key) when none is ready. No request."""
     key = pool_key(endpoint, cfg, envs)
-    guest = pool().take_guest(key, endpoint.client, cfg.warm_pool)
+    guest = pool().take_guest(key, endpoint, cfg.warm_pool)
     return (guest.handle if guest is not None else None), key
 
 

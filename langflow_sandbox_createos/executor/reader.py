@@ -15,43 +15,11 @@ from dataclasses import dataclass, field
 from itertools import accumulate, count
 from typing import Any
 
-from langflow_sandbox_createos.executor.framing import MAC_HEX, MAGIC, frame_mac
+from langflow_sandbox_createos.executor.framing import FRAME_LIMITS, MAC_HEX, MAGIC, frame_mac
 
-KIB, MIB = 1024, 1024 * 1024
-# Every frame type the runner writes, with the most bytes of JSON one may hold. Flow code can
-# learn the frame secret (it shares the runner's memory), so these bound what a hostile run
-# can make the host decode: an authentic frame of another type, or over its limit, fails the
-# run (it is never kept). Control frames are small; vertex events are capped at 512 KiB by
-# the runner; the rest carry messages, code and the run's results.
-FRAME_LIMITS: dict[str, int] = {
-    **dict.fromkeys(
-        (
-            "hello",
-            "ready",
-            "graph",
-            "accepted",
-            "waiting",
-            "done",
-            "timeout",
-            "missing_lfx",
-            "idle_expired",
-            "installing",
-            "installed",
-            "install_failed",
-            "fatal",
-            "delete",
-        ),
-        64 * KIB,
-    ),
-    "vertex": 1 * MIB,
-    "event": 4 * MIB,
-    "store": 4 * MIB,
-    "update": 4 * MIB,
-    "sandbox": 4 * MIB,
-    "trace": 4 * MIB,
-    "history": 64 * KIB,
-    "outputs": 8 * MIB,
-}
+MIB = 1024 * 1024
+# The frame types and their byte limits are framing.FRAME_TYPES: an authentic frame of another
+# type, or over its limit, fails the run (it is never kept).
 MAX_FRAME_LINE = max(FRAME_LIMITS.values()) + 256  # the header before the JSON
 # What decoding one frame may cost on top of its text: Python's objects for JSON made mostly
 # of structure take ~30 times the text ("[{},{},...]": 16 MiB decoded to 354 MiB), so the

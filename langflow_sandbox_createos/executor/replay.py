@@ -22,7 +22,7 @@ from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError
 
-from langflow_sandbox_createos.executor import flows as executor_flows
+from langflow_sandbox_createos.executor import flows
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -82,9 +82,7 @@ class HostReplay:
         self.flow_id = spec.get("flow_id")
         # the flows its Run Flow / Sub Flow nodes were given: their messages keep their flow id
         runtime = spec.get("runtime")
-        self.subflows = executor_flows.flow_ids(
-            runtime.get("flows") if isinstance(runtime, Mapping) else None
-        )
+        self.subflows = flows.flow_ids(runtime.get("flows") if isinstance(runtime, Mapping) else None)
         self.owner = _owner(graph) if live else None
         # the executing user (a served flow's owner is its end user): Langflow accepts it as a
         # legacy owner hint in a history read, as in-process

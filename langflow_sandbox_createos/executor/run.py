@@ -6,7 +6,6 @@ warm pool (``executor/pool.py``) starts the same run type ahead of need.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import functools
 import json
@@ -19,7 +18,13 @@ from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import admission, budget, connection, failures, guest_spec, pool_keeper
+from langflow_sandbox_createos.core import (
+    budget,
+    connection,
+    failures,
+    guest_spec,
+)
+from langflow_sandbox_createos.core.lease import Lease
 from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, spec_mac, tail
@@ -54,10 +59,6 @@ ROOTFS_HINT = (
 )
 
 
-# Frame types the runner writes once per run; a second one fails the run.
-ONCE = frozenset({"hello", "ready", "graph", "accepted", "waiting", "outputs", "done"})
-
-
 def compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), default=str)
 
@@ -76,7 +77,7 @@ def runner_stdin(token: str, **fields: str) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-def _version_text(value: Any) -> str | None:
+def version_text(value: Any) -> str | None:
     """A version string from the guest, fit to log and show: short, printable ASCII."""
     if not isinstance(value, str) or not value:
         return None
@@ -84,7 +85,7 @@ def _version_text(value: Any) -> str | None:
     return cleaned + ("..." if len(value) > 40 else "")
 
 
-def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
+def forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
     """Only the variables CREATEOS_EXECUTOR_ENV names, with this process's values."""
     envs = {}
     for name in cfg.env_allowlist:
@@ -96,42 +97,12 @@ def _forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
     return envs
 
 
-# Guest deletes still running in their threads (a run does not wait for its guest's delete).
-_deleting: set[threading.Thread] = set()
-# Held while a delete thread is added and started, and while wait_for_deletes takes its list:
-# so that list never holds a thread not yet started (join() refuses one).
-_deleting_lock = threading.Lock()
-
-
-def wait_for_deletes(timeout: float = CLOSE_WAIT_SECONDS) -> None:
-    """Wait up to ``timeout`` s for the guest deletes still running in their threads. At
-    interpreter exit it gives them a moment (a short `lfx run` ends right after its run); what
-    is left is the guest keeper's. Tests call it before they look at what a run left."""
-    deadline = time.monotonic() + timeout
-    with _deleting_lock:
-        workers = list(_deleting)
-    for worker in workers:
-        worker.join(max(0.0, deadline - time.monotonic()))
-
-
-atexit.register(wait_for_deletes)
-
-
-def _after_fork_in_child() -> None:
-    global _deleting_lock
-    _deleting_lock = threading.Lock()  # a parent's thread may have held it at the fork
-    _deleting.clear()  # the parent's threads are not ours
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
 # --- one run ------------------------------------------------------------------------------
 
 
 class _Run:
-    """Everything one execute() call owns: the guest, the exec thread and its event queue."""
+    """Everything one execute() call owns: the guest's lease, the exec thread and its event
+    queue."""
 
     def __init__(
         self,
@@ -139,131 +110,115 @@ class _Run:
         cfg: ExecutorSettings,
         spec: dict[str, Any] | None,
         *,
-        pooled_guest: str | None = None,
-        waiting: float = 0.0,
+        pooled: Lease | None = None,
+        spec_wait: float = 0.0,
     ) -> None:
-        """``pooled_guest``: the warm pool's guest this run's exec starts on, ahead of any run
-        (``waiting``: how long its runner may wait for a spec, on top of the run's budget)."""
-        pooled = pooled_guest is not None
+        """``pooled``: the warm pool's guest this run's exec starts on, ahead of any run
+        (``spec_wait``: how long its runner may wait for a spec, a phase of the run's budget)."""
         self.endpoint = endpoint
-        self.client: Any = endpoint.client
         self.cfg = cfg
         self.spec = spec
         self.token = new_token()
-        self.sandbox_id: str | None = pooled_guest
+        self.lease = pooled
+        self.pooled = pooled is not None
         # A pooled guest's exec starts before any run (and any event loop) owns it: until
         # attach(), what it reports is kept in `early` and `warm_state` says how far it got.
-        self.loop: asyncio.AbstractEventLoop | None = None if pooled else asyncio.get_running_loop()
+        self.loop: asyncio.AbstractEventLoop | None = None if self.pooled else asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.early: list[tuple[str, Any]] = []
         self.warm_state = threading.Condition(threading.Lock())
-        self.attached = not pooled
-        self.pooled = pooled
-        self.exec_timeout = budget.executor(cfg.timeout_seconds).exec_timeout(waiting)
+        self.attached = not self.pooled
+        self.budget = budget.executor(cfg.timeout_seconds, spec_wait=spec_wait)
+        self.exec_timeout = self.budget.exec_timeout()
         self._closed = threading.Event()
-        self._delete_lock = threading.Lock()
-        self._deleted = False
         self.stderr_tail: list[str] = []
         self._stderr_chars = 0
         self.plain_lines = 0
         self.timeline: Timeline | None = None  # the run's, once a run owns this guest
 
+    @property
+    def sandbox_id(self) -> str | None:
+        return self.lease.sandbox_id if self.lease is not None else None
+
+    @property
+    def guest(self) -> Lease:
+        """The run's guest, once created or handed over by the pool."""
+        if self.lease is None:
+            raise RuntimeError("the executor run has no guest yet")
+        return self.lease
+
     # -- guest lifecycle ----------------------------------------------------------------
-    def _create_spec(self) -> dict[str, Any]:
-        guest = guest_spec.GuestSpec.of(
+    def _guest_spec(self) -> guest_spec.GuestSpec:
+        return guest_spec.GuestSpec.of(
             self.endpoint,
             shape=self.cfg.shape,
             rootfs=self.cfg.rootfs,
             egress=self.cfg.egress,
-            auto_pause_seconds=guest_spec.auto_pause_seconds(self.cfg.timeout_seconds),
-            envs=_forwarded_env(self.cfg),
+            budget=self.budget,
+            envs=forwarded_env(self.cfg),
         )
-        return guest.create_request(guest_spec.random_name(NAME_PREFIX))
 
-    def _create_blocking(self) -> str:
-        native = load_native()
-        spec = self._create_spec()
-        try:
-            created = self.client.create(spec)
-        except native.CreateOSError as exc:
-            failures.reap_lost_create(self.client, spec["name"], exc)
-            raise failures.to_lfx_error(exc, "create the executor guest") from None
-        sandbox_id = created.get("id") if isinstance(created, dict) else None
-        if not isinstance(sandbox_id, str):
-            raise SandboxExecutionError(f"CreateOS: create answered without a sandbox id: {created!r}")
-        # held until delete_blocking: if this process is killed first, its keeper deletes it
-        pool_keeper.hold(self.endpoint, sandbox_id)
-        return sandbox_id
+    def _create_blocking(self) -> Lease:
+        # held until its delete: if this process is killed first, its keeper deletes it
+        with failures.native_errors("create the executor guest"):
+            return Lease.create(self.endpoint, self._guest_spec(), guest_spec.random_name(NAME_PREFIX))
 
     async def create(self) -> None:
         future = asyncio.get_running_loop().run_in_executor(None, self._create_blocking)
         try:
-            self.sandbox_id = await asyncio.shield(future)
+            self.lease = await asyncio.shield(future)
         except asyncio.CancelledError:
             # The create keeps going in its thread: delete the guest it makes, whenever it lands.
-            def cleanup(done: asyncio.Future[str]) -> None:
+            def cleanup(done: asyncio.Future[Lease]) -> None:
                 if not done.cancelled() and done.exception() is None:
-                    self.sandbox_id = done.result()
-                    threading.Thread(target=self.delete_blocking, daemon=True).start()
+                    self.lease = done.result()
+                    self.lease.end_soon(self._delete_failed)
 
             future.add_done_callback(cleanup)
             raise
 
+    def _delete_failed(self, exc: BaseException) -> None:
+        logger.warning(
+            "CreateOS executor: could not delete guest %s (%s); auto-pause after %s s bounds it",
+            self.sandbox_id,
+            exc,
+            self.budget.auto_pause_seconds(),
+        )
+
+    def _deleted(self) -> None:
+        if self.timeline is not None:
+            self.timeline.mark("deleted")
+
     def delete_blocking(self) -> None:
-        """Delete the guest once; released from the pool keeper when it is gone (a failed
-        delete leaves it held, so the keeper tries again when this process ends)."""
-        with self._delete_lock:
-            if self._deleted or self.sandbox_id is None:
-                return
-            self._deleted = True
-        try:
-            pool_keeper.delete(self.client, self.sandbox_id)
-            if self.timeline is not None:
-                self.timeline.mark("deleted")
-        except Exception as exc:
-            logger.warning(
-                "CreateOS executor: could not delete guest %s (%s); auto-pause after %s s bounds it",
-                self.sandbox_id,
-                exc,
-                guest_spec.auto_pause_seconds(self.cfg.timeout_seconds),
-            )
+        """Delete the guest once (its lease's end); a failed delete leaves it held, so the
+        keeper tries again when this process ends."""
+        if self.lease is not None and self.lease.end(self._delete_failed):
+            self._deleted()
 
     def close_soon(self, then: Callable[[], None] | None = None) -> None:
         """Stop reading and delete the guest (which also ends a running exec) in a worker
         thread, off the caller's path; `then` runs once the delete returned (at once when
         there is no guest). Interpreter exit waits a little for deletes still running."""
         self._closed.set()
-        if self.sandbox_id is None:
+        if self.lease is None:
             if then is not None:
                 then()
             return
-
-        def delete() -> None:
-            try:
-                self.delete_blocking()
-            finally:
-                _deleting.discard(threading.current_thread())
-                if then is not None:
-                    then()
-
-        worker = threading.Thread(target=delete, name="createos-executor-delete", daemon=True)
-        with _deleting_lock:
-            _deleting.add(worker)
-            try:
-                worker.start()
-            except RuntimeError:  # interpreter shutdown: no new threads; the guest keeper deletes it
-                _deleting.discard(worker)
-                raise
+        self.lease.end_soon(self._delete_failed, then=then, deleted=self._deleted)
 
     async def close(self) -> None:
         """Delete the guest; returns when the delete returned, or after CLOSE_WAIT_SECONDS
         (the thread finishes it either way)."""
         loop = asyncio.get_running_loop()
-        deleted = loop.create_future()
+        deleted: asyncio.Future[None] = loop.create_future()
+
+        def resolve() -> None:
+            if not deleted.done():
+                deleted.set_result(None)
 
         def wake() -> None:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(admission.resolve, deleted)
+                loop.call_soon_threadsafe(resolve)
 
         self.close_soon(then=wake)
         with contextlib.suppress(asyncio.TimeoutError):
@@ -301,10 +256,9 @@ class _Run:
         return early
 
     def discard(self) -> None:
-        """Unused: whoever holds the guest deletes it; this exec must report nothing more."""
+        """Unused: the pool that holds the guest's lease ends it; this exec must report nothing
+        more."""
         self._closed.set()
-        with self._delete_lock:
-            self._deleted = True
 
     # -- the exec, on its own thread ----------------------------------------------------
     def _push(self, kind: str, item: Any) -> None:
@@ -316,8 +270,11 @@ class _Run:
                     self.early.append((kind, item))
                     self.warm_state.notify_all()
                     return
+        loop = self.loop
+        if loop is None:  # attached without a loop: nothing to report to
+            return
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))  # type: ignore[union-attr]
+            loop.call_soon_threadsafe(self.queue.put_nowait, (kind, item))
         except RuntimeError:  # the loop is gone; the consumer left
             self._closed.set()
 
@@ -343,7 +300,6 @@ class _Run:
         logger.debug("CreateOS executor: unframed guest stdout: %s", line[:500])
 
     def _exec_blocking(self, stdin: str) -> None:
-        native = load_native()
         reader = FrameReader(
             key=bytes.fromhex(self.token),
             on_frame=lambda frame: self._push("frame", frame),
@@ -360,23 +316,21 @@ class _Run:
                 self._on_stderr(text)
 
         try:
-            result = self.client.exec(
-                self.sandbox_id,
-                PYTHON,
-                ["-c", BOOTSTRAP],
-                stdin=stdin,
-                timeout=self.exec_timeout,
-                max_output_bytes=self.cfg.max_output_bytes,
-                stream=True,
-                on_output=on_output,
-            )
+            with failures.native_errors("run the flow in the executor guest"):
+                result = self.guest.exec(
+                    PYTHON,
+                    ["-c", BOOTSTRAP],
+                    stdin=stdin,
+                    timeout=self.exec_timeout,
+                    max_output_bytes=self.cfg.max_output_bytes,
+                    stream=True,
+                    on_output=on_output,
+                )
             if not result.streamed:  # buffered fallback: no live output, parse it all now
                 reader.feed(result.stdout)
                 self._on_stderr(result.stderr)
             reader.close()
             self._push("end", result)
-        except native.CreateOSError as exc:
-            self._push("error", failures.to_lfx_error(exc, "run the flow in the executor guest"))
         except BaseException as exc:  # never lose an exception on this thread
             self._push("error", exc)
 
@@ -391,12 +345,13 @@ class _Run:
         body = compact_json(self._wire_spec()).encode()
         data = spec_mac(bytes.fromhex(self.token), body).encode("ascii") + b"\n" + body
         native = load_native()
-        try:
-            await asyncio.to_thread(self.client.upload, self.sandbox_id, SPEC_PATH, data)
-        except native.CreateOSError as exc:
-            if getattr(exc, "status", None) in (404, 409):
-                return False
-            raise failures.to_lfx_error(exc, "upload the run spec to the pooled executor guest") from None
+        with failures.native_errors("upload the run spec to the pooled executor guest"):
+            try:
+                await asyncio.to_thread(self.guest.upload, SPEC_PATH, data)
+            except native.CreateOSError as exc:
+                if getattr(exc, "status", None) in (404, 409):
+                    return False
+                raise
         return True
 
     async def stage(self) -> str:
@@ -410,22 +365,16 @@ class _Run:
         wire = self._wire_spec()
         secret = {name: wire.pop(name, None) for name in STDIN_ONLY_FIELDS}
         data = compact_json(wire).encode()
-        native = load_native()
-        try:
-            await asyncio.to_thread(self.client.upload, self.sandbox_id, path, data)
-        except native.CreateOSError as exc:
-            raise failures.to_lfx_error(exc, "upload the run spec to the executor guest") from None
+        with failures.native_errors("upload the run spec to the executor guest"):
+            await asyncio.to_thread(self.guest.upload, path, data)
         return runner_stdin(self.token, spec_path=json.dumps(path), secret=compact_json(secret))
 
     async def reply(self, name: str, answer: Mapping[str, Any]) -> None:
         """Answer a request the guest waits on (`reply-<n>`: a stored message's id; `sandbox-<n>`:
         a sandboxed node's result) with a file in its reply directory."""
         data = json.dumps(dict(answer), separators=(",", ":")).encode()
-        native = load_native()
-        try:
-            await asyncio.to_thread(self.client.upload, self.sandbox_id, f"{REPLY_DIR}/{name}", data)
-        except native.CreateOSError as exc:
-            raise failures.to_lfx_error(exc, "answer a request of the executor guest") from None
+        with failures.native_errors("answer a request of the executor guest"):
+            await asyncio.to_thread(self.guest.upload, f"{REPLY_DIR}/{name}", data)
 
     def start_exec(self, stdin: str) -> None:
         threading.Thread(
@@ -446,7 +395,7 @@ def _timeout_error(cfg: ExecutorSettings, detail: str = "") -> SandboxExecutionE
     )
 
 
-def _failure(
+def run_failure(
     cfg: ExecutorSettings, frames: dict[str, Mapping[str, Any]], result: Any, stderr: str
 ) -> SandboxExecutionError | None:
     """The error a finished run stands for, or None for a clean run. `result` is the exec's,

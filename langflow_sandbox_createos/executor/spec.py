@@ -23,10 +23,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError
 
 from langflow_sandbox_createos.core import connection, failures, settings
 from langflow_sandbox_createos.core.settings import ExecutorSettings
-from langflow_sandbox_createos.executor import bridge as executor_sandbox
-from langflow_sandbox_createos.executor import flows as executor_flows
-from langflow_sandbox_createos.executor import tracing as executor_tracing
-from langflow_sandbox_createos.executor import variables as executor_variables
+from langflow_sandbox_createos.executor import bridge, flows, tracing, variables
 
 logger = logging.getLogger("langflow_sandbox_createos.executor")
 
@@ -108,7 +105,7 @@ def serialize_graph(graph: Any) -> tuple[dict[str, Any], str | None, str | None]
 def inline_secrets(payload: Mapping[str, Any]) -> list[str]:
     """`vertex.field` names of password fields holding an inline value (never the values)."""
     found = []
-    for node, template in executor_flows.node_templates(payload):
+    for node, template in flows.node_templates(payload):
         for name, fld in template.items():
             if (
                 isinstance(fld, Mapping)
@@ -239,8 +236,8 @@ def build_spec(
     unencodable fields); `run_spec` adds what the run's settings say."""
     payload, flow_id, flow_name = serialize_graph(graph)
     try:
-        executor_flows.references(payload)  # a loader whose target only the run decides: refused now
-    except executor_flows.FlowReferenceError as exc:
+        flows.references(payload)  # a loader whose target only the run decides: refused now
+    except flows.FlowReferenceError as exc:
         raise SpecError(str(exc)) from None
     mode, spec_inputs = _spec_inputs(inputs, runtime_options)
     options, dropped = _forwarded_options(runtime_options)
@@ -320,27 +317,27 @@ async def run_spec(
     if dropped:
         logger.debug("CreateOS executor: what stays on the host: %s", ", ".join(sorted(dropped)))
     try:
-        spec["runtime"]["flows"] = await executor_flows.resolve(spec["graph"], spec.get("user_id"))
-    except executor_flows.FlowReferenceError as exc:
+        spec["runtime"]["flows"] = await flows.resolve(spec["graph"], spec.get("user_id"))
+    except flows.FlowReferenceError as exc:
         raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
     try:  # the run user's own global variables, as the host's variable service has them
-        spec["variables"] = await executor_variables.resolve(
+        spec["variables"] = await variables.resolve(
             graph, spec["graph"], spec["runtime"].get("flows"), spec["options"], spec["runtime"]["context"]
         )
-    except executor_variables.VariableLimitError as exc:
+    except variables.VariableLimitError as exc:
         raise SandboxExecutionError(f"CreateOS executor: {exc}") from None
     # what the guest's environment must hold for its components to judge endpoints as here
-    spec["environ"] = executor_variables.guest_environ(spec["variables"])
+    spec["environ"] = variables.guest_environ(spec["variables"])
     _note_inline_secrets(spec["graph"])
     with failures.refusing_bad_settings():
         cfg = settings.executor_settings()
     endpoint = connection.endpoints.get()
     spec["timeout"] = cfg.timeout_seconds
     spec["reply_dir"] = REPLY_DIR
-    spec["tracing"] = executor_tracing.active_view()  # the guest relays its trace where the host traces
+    spec["tracing"] = tracing.active_view()  # the guest relays its trace where the host traces
     spec["sandbox"] = {
-        **executor_sandbox.guest_view(),
-        "component": executor_sandbox.holds_component(spec["graph"], spec["runtime"].get("flows")),
+        **bridge.guest_view(),
+        "component": bridge.holds_component(spec["graph"], spec["runtime"].get("flows")),
     }
     if cfg.install_lfx and not guest_knowledge.known_good(endpoint.base_url, cfg.rootfs):
         spec["install"] = _install_request(cfg)

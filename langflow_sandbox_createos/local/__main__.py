@@ -107,6 +107,16 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME=PATH",
         help="serve rootfs NAME with directory PATH as the guest's / (repeatable)",
     )
+    _limits(p)
+    p.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    return p
+
+
+def _limits(p: argparse.ArgumentParser) -> None:
+    """What one guest, one client and the whole server may hold, how guests are owned, and the
+    emulation's knobs for tests (auto-pause's unit, duplicate names)."""
     p.add_argument(
         "--max-file-bytes", type=int, default=500 * 1024 * 1024, help="upload size cap (default 500 MiB)"
     )
@@ -160,10 +170,6 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not reject duplicate names among live sandboxes",
     )
-    p.add_argument(
-        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
-    )
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> None:

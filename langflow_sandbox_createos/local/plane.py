@@ -9,7 +9,7 @@ import logging
 import os
 import shutil
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
@@ -25,10 +25,15 @@ from .network import host_addresses
 from .stats import Counters
 from .store import Sandbox, Store
 
-if TYPE_CHECKING:
-    from .server import ConnectionGuard
-
 log = logging.getLogger("createos.local")
+
+
+class HeldConnections(Protocol):
+    """What the plane reads of the HTTP/1.1 server's connection guard (``server.ConnectionGuard``):
+    the connections that have not shown the key yet."""
+
+    @property
+    def waiting(self) -> int: ...
 
 
 class Plane:
@@ -56,7 +61,7 @@ class Plane:
             self.store.sandboxes_dir = config.guests_dir
         self.faults = FaultSet()
         self.counters = Counters()
-        self.connection_guard: ConnectionGuard | None = None  # set by the HTTP/1.1 server
+        self.connection_guard: HeldConnections | None = None  # set by the HTTP/1.1 server
         self._auto_pause: asyncio.Task[None] | None = None
         self._boots: set[asyncio.Task[None]] = set()
 

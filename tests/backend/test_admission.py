@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from langflow_sandbox_createos.backend.engine import CreateOSBackend
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import engine
 from langflow_sandbox_createos.core import admission
 
 # prints when the program started and ended, by the host's clock (createos-local guests share it)
@@ -140,10 +140,10 @@ def test_component_runs_beyond_the_limit_wait_and_say_so(
     notes: list[list[str]] = [[], [], []]
 
     def one(i: int) -> Any:
-        request = sandbox_run.RunRequest(
-            SPAN, "python", False, False, False, 30, sandbox_run.resolve_shape(None), "flow-adm", f"c-{i}"
+        request = engine.RunRequest(
+            SPAN, "python", False, False, False, 30, engine.resolve_shape(None), "flow-adm", f"c-{i}"
         )
-        return sandbox_run.run(request, note=notes[i].append)
+        return engine.run(request, note=notes[i].append)
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         outcomes = list(pool.map(one, range(3)))
@@ -188,18 +188,18 @@ def test_a_run_that_waits_past_CREATEOS_SANDBOX_MAX_WAIT_SECONDS_fails_before_an
             if surface == "backend":
                 backend.run("print('ran')")
             else:
-                request = sandbox_run.RunRequest(
+                request = engine.RunRequest(
                     "print('ran')",
                     "python",
                     False,
                     False,
                     False,
                     30,
-                    sandbox_run.resolve_shape(None),
+                    engine.resolve_shape(None),
                     "f",
                     "c",
                 )
-                sandbox_run.run(request)
+                engine.run(request)
     finally:
         line.leave()
     text = str(caught.value)

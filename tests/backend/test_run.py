@@ -13,7 +13,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError, SandboxResult, Sandbox
 
 from langflow_sandbox_createos.backend import engine as backend_module
 from langflow_sandbox_createos.backend.engine import CreateOSBackend
-from langflow_sandbox_createos.core import budget, pool_keeper
+from langflow_sandbox_createos.core import budget, lease, pool_keeper
 
 from .conftest import sandbox_ids, undeleted_guests
 
@@ -311,17 +311,17 @@ def test_runs_reuse_the_spec_until_what_it_is_made_from_changes(
     a changed setting or env builds them again, and each run still gets its own name."""
     creates: list[dict[str, Any]] = []
     built: list[int] = []
-    real_create, real_build = backend_module._create_held, backend_module._Plan.build
+    real_create, real_build = lease.Lease.create, backend_module._Plan.build
 
-    def create_held(endpoint: Any, create: dict[str, Any]) -> str:
-        creates.append(dict(create))
-        return real_create(endpoint, create)
+    def create(cls: Any, endpoint: Any, guest: Any, name: str, **kwargs: Any) -> Any:
+        creates.append(guest.create_request(name))
+        return real_create(endpoint, guest, name, **kwargs)
 
     def build(cls: Any, *args: Any) -> Any:
         built.append(1)
         return real_build(*args)
 
-    monkeypatch.setattr(backend_module, "_create_held", create_held)
+    monkeypatch.setattr(lease.Lease, "create", classmethod(create))
     monkeypatch.setattr(backend_module._Plan, "build", classmethod(build))
     for _ in range(3):
         assert backend.run("print(1)").stdout == "1\n"

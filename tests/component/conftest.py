@@ -17,12 +17,12 @@ from lfx.extension.loader import load_extension
 from lfx.graph.graph.base import Graph
 
 import langflow_sandbox_createos
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import reuse
 from langflow_sandbox_createos.core import connection, pool_keeper
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 PACKAGE_DIR = Path(langflow_sandbox_createos.__file__).resolve().parent
-REUSE_PREFIX = sandbox_run.NAME_PREFIX
+REUSE_PREFIX = reuse.NAME_PREFIX
 USER_ID = "00000000-0000-4000-8000-000000000001"  # the Langflow user of run_flow's runs
 
 # Every variable the component reads, so a developer's shell cannot leak into a test.
@@ -54,7 +54,7 @@ def env(
     for name in COMPONENT_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS", "true")
-    sandbox_run.guest_ids.clear()
+    reuse.guest_ids.clear()
     return cp
 
 
@@ -67,7 +67,7 @@ def reuse_env(env: LocalControlPlane) -> Iterator[LocalControlPlane]:
         if sb["id"] not in before and sb["status"] != "destroying":
             env.delete_sandbox(sb["id"])
             pool_keeper.release(sb["id"])  # gone: this process's keeper has nothing to delete
-    sandbox_run.guest_ids.clear()
+    reuse.guest_ids.clear()
     assert env.wait_until_no_live(timeout=10.0) == []
 
 

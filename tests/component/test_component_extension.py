@@ -15,7 +15,7 @@ from lfx.extension.manifest import ExtensionManifest, load_manifest
 from lfx.schema.data import Data
 from lfx.schema.dataframe import DataFrame
 
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import engine
 
 from .conftest import PACKAGE_DIR
 
@@ -103,10 +103,10 @@ def test_declared_inputs_outputs_and_metadata(component_cls: type) -> None:
 
 
 def test_check_timeout() -> None:
-    assert sandbox_run.check_timeout(60) == 60
-    assert sandbox_run.check_timeout("15") == 15
-    assert sandbox_run.check_timeout(3600) == 3600
-    assert sandbox_run.check_timeout(7.0) == 7
+    assert engine.check_timeout(60) == 60
+    assert engine.check_timeout("15") == 15
+    assert engine.check_timeout(3600) == 3600
+    assert engine.check_timeout(7.0) == 7
 
 
 def test_bundle_display_name_and_icon_as_lfx_reads_them() -> None:

@@ -14,7 +14,7 @@ from lfx.exceptions.component import ComponentBuildError
 from lfx.utils.sandbox.base import SandboxUnavailableError
 from waiting import wait_status
 
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import reuse
 from langflow_sandbox_createos.core import network
 from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
@@ -29,7 +29,7 @@ COUNTER = (
 )
 
 
-def reuse(component_cls: type, **params: Any) -> dict[str, Any]:
+def run_reused(component_cls: type, **params: Any) -> dict[str, Any]:
     params.setdefault("python_code", COUNTER)
     return run_flow(component_cls, session_mode="flow", **params).results
 
@@ -39,40 +39,38 @@ def live_named(plane: LocalControlPlane, name: str) -> list[dict[str, Any]]:
 
 
 def test_three_runs_share_one_guest(component_cls: type, reuse_env: LocalControlPlane) -> None:
-    runs = [reuse(component_cls) for _ in range(3)]
+    runs = [run_reused(component_cls) for _ in range(3)]
     assert [r["result"] for r in runs] == ["1", "2", "3"]
     assert len({r["sandbox_id"] for r in runs}) == 1
     assert [r["reused_guest"] for r in runs] == [False, True, True]
-    name = sandbox_run.reuse_name(
-        "flow-test", "CreateOSSandbox-t0001", network.DENY_ALL, (f"user:{USER_ID}",)
-    )
+    name = reuse.reuse_name("flow-test", "CreateOSSandbox-t0001", network.DENY_ALL, (f"user:{USER_ID}",))
     assert name.startswith("lf-c-") and len(name) == 22
     [guest] = live_named(reuse_env, name)  # kept after the runs, not deleted
     assert guest["id"] == runs[0]["sandbox_id"] and guest["status"] == "running"
 
 
 def test_reuse_survives_a_worker_restart(component_cls: type, reuse_env: LocalControlPlane) -> None:
-    first = reuse(component_cls)
-    sandbox_run.guest_ids.clear()  # a new process knows nothing: it finds the guest by name
-    second = reuse(component_cls)
+    first = run_reused(component_cls)
+    reuse.guest_ids.clear()  # a new process knows nothing: it finds the guest by name
+    second = run_reused(component_cls)
     assert second["sandbox_id"] == first["sandbox_id"] and second["result"] == "2"
 
 
 def test_other_flows_and_components_get_their_own_guest(
     component_cls: type, reuse_env: LocalControlPlane
 ) -> None:
-    a = reuse(component_cls)
-    b = reuse(component_cls, flow_id="flow-other")
-    c = reuse(component_cls, component_id="CreateOSSandbox-t0002")
+    a = run_reused(component_cls)
+    b = run_reused(component_cls, flow_id="flow-other")
+    c = run_reused(component_cls, component_id="CreateOSSandbox-t0002")
     assert len({a["sandbox_id"], b["sandbox_id"], c["sandbox_id"]}) == 3
     assert [a["result"], b["result"], c["result"]] == ["1", "1", "1"]
 
 
 def test_paused_guest_is_resumed(component_cls: type, reuse_env: LocalControlPlane) -> None:
-    first = reuse(component_cls)
+    first = run_reused(component_cls)
     client().pause(first["sandbox_id"])
     wait_status(client(), first["sandbox_id"], "paused")
-    second = reuse(component_cls)
+    second = run_reused(component_cls)
     assert second["sandbox_id"] == first["sandbox_id"]
     assert second["result"] == "2" and second["reused_guest"] is True
     assert client().get(first["sandbox_id"])["status"] == "running"  # resumed
@@ -81,11 +79,11 @@ def test_paused_guest_is_resumed(component_cls: type, reuse_env: LocalControlPla
 def test_paused_guest_is_found_without_the_process_cache(
     component_cls: type, reuse_env: LocalControlPlane
 ) -> None:
-    first = reuse(component_cls)
+    first = run_reused(component_cls)
     client().pause(first["sandbox_id"])
     wait_status(client(), first["sandbox_id"], "paused")
-    sandbox_run.guest_ids.clear()
-    second = reuse(component_cls)
+    reuse.guest_ids.clear()
+    second = run_reused(component_cls)
     assert second["sandbox_id"] == first["sandbox_id"] and second["result"] == "2"
     assert client().get(first["sandbox_id"])["status"] == "running"  # resumed
 
@@ -93,7 +91,7 @@ def test_paused_guest_is_found_without_the_process_cache(
 def test_guest_that_pauses_between_lookup_and_exec_is_resumed_and_retried(
     component_cls: type, reuse_env: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = reuse(component_cls)
+    first = run_reused(component_cls)
     paused: list[str] = []
 
     def pause_now(c: Any, sandbox_id: str) -> None:
@@ -102,8 +100,8 @@ def test_guest_that_pauses_between_lookup_and_exec_is_resumed_and_retried(
             wait_status(c, sandbox_id, "paused")
             paused.append(sandbox_id)
 
-    monkeypatch.setattr(sandbox_run, "_after_acquire", pause_now)
-    second = reuse(component_cls)
+    monkeypatch.setattr(reuse, "after_acquire", pause_now)
+    second = run_reused(component_cls)
     assert paused == [first["sandbox_id"]]  # the exec met a paused guest (409)...
     assert second["sandbox_id"] == first["sandbox_id"]  # ...which was resumed and the run retried once
     assert second["result"] == "2" and second["exit_code"] == 0
@@ -111,9 +109,9 @@ def test_guest_that_pauses_between_lookup_and_exec_is_resumed_and_retried(
 
 
 def test_allow_network_gives_a_different_guest(component_cls: type, reuse_env: LocalControlPlane) -> None:
-    closed = reuse(component_cls)
-    opened = reuse(component_cls, allow_network=True)
-    closed_again = reuse(component_cls)
+    closed = run_reused(component_cls)
+    opened = run_reused(component_cls, allow_network=True)
+    closed_again = run_reused(component_cls)
     assert opened["sandbox_id"] != closed["sandbox_id"]
     assert opened["result"] == "1"  # a different machine, so a different filesystem
     assert closed_again["sandbox_id"] == closed["sandbox_id"] and closed_again["result"] == "2"
@@ -122,13 +120,13 @@ def test_allow_network_gives_a_different_guest(component_cls: type, reuse_env: L
 
 
 def test_guest_whose_egress_drifted_is_refused(component_cls: type, reuse_env: LocalControlPlane) -> None:
-    first = reuse(component_cls)
+    first = run_reused(component_cls)
     client().put_egress(first["sandbox_id"], ["*"])  # opened behind the component's back
     for forget in (False, True):
         if forget:
-            sandbox_run.guest_ids.clear()
+            reuse.guest_ids.clear()
         with pytest.raises(ComponentBuildError) as failed:  # how lfx's Graph reports a failed vertex
-            reuse(component_cls)
+            run_reused(component_cls)
         assert isinstance(failed.value.__cause__, SandboxUnavailableError)
         assert "Refusing to reuse guest " + first["sandbox_id"] in str(failed.value.__cause__)
     assert client().get(first["sandbox_id"])["status"] == "running"  # refused, not touched
@@ -209,18 +207,16 @@ def test_concurrent_runs_share_one_guest_and_keep_their_own_files(
         assert r.results["exit_code"] == 0, r.results
         assert list(r.files["path"]) == [f"w{i}.txt"]
         assert r.results["result"] == str([f"w{i}.txt"])  # never saw another run's file
-    name = sandbox_run.reuse_name(
-        "flow-test", "CreateOSSandbox-t0001", network.DENY_ALL, (f"user:{USER_ID}",)
-    )
+    name = reuse.reuse_name("flow-test", "CreateOSSandbox-t0001", network.DENY_ALL, (f"user:{USER_ID}",))
     assert len(live_named(reuse_env, name)) == 1
 
 
 def test_a_reused_run_is_two_requests(component_cls: type, reuse_env: LocalControlPlane) -> None:
     """After the first run: one GET (the guest is still this component's, running, with the
     same egress) and one exec carrying the program on stdin."""
-    reuse(component_cls)
+    run_reused(component_cls)
     before = dict(reuse_env.stats()["requests"])
-    second = reuse(component_cls)
+    second = run_reused(component_cls)
     after = reuse_env.stats()["requests"]
     delta = {k: n - before.get(k, 0) for k, n in after.items() if not k.startswith("local_")}
     assert second["result"] == "2"
@@ -272,17 +268,17 @@ def test_packages_installed_in_a_reused_guest_stay_in_that_guest(
     """A reused guest is a machine: what run 1 installs from the package index (into the
     guest user's site, on the guest's own disk) is importable in run 2, and in no other guest."""
     params = {"allow_network": True, "timeout_seconds": 120}
-    first = reuse(
+    first = run_reused(
         component_cls,
         python_code=PIP_INSTALL.format(index=package_index.url, host=package_index.address),
         **params,
     )
     assert first["result"].startswith("pip 0"), first
-    second = reuse(component_cls, python_code=IMPORT_IT, **params)
+    second = run_reused(component_cls, python_code=IMPORT_IT, **params)
     assert second["sandbox_id"] == first["sandbox_id"]
     where = second["result"]
     assert where.startswith("imported /root/.local/lib/python3"), second
     assert where.endswith("/site-packages/createos_tinypkg/__init__.py"), second
-    other = reuse(component_cls, python_code=IMPORT_IT, component_id="CreateOSSandbox-t0009", **params)
+    other = run_reused(component_cls, python_code=IMPORT_IT, component_id="CreateOSSandbox-t0009", **params)
     assert other["sandbox_id"] != first["sandbox_id"]
     assert other["result"] == "missing"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from waiting import wait_status
 
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import engine, reuse
 from langflow_sandbox_createos.core import network, pool_keeper
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
@@ -34,9 +34,9 @@ def visit(component_cls: type, who: str, mode: str = "flow", **kw: Any) -> dict[
 
 @pytest.fixture
 def scoped(reuse_env: LocalControlPlane) -> Iterator[LocalControlPlane]:
-    sandbox_run.sweeper.reset()
+    reuse.sweeper.reset()
     yield reuse_env
-    sandbox_run.sweeper.reset()
+    reuse.sweeper.reset()
 
 
 def test_end_users_of_one_served_flow_get_their_own_guest(
@@ -63,7 +63,7 @@ def _paused_and_idle(sandbox_id: str, seconds: float) -> None:
     """Pause the guest (what auto-pause does after its window) and let `seconds` pass."""
     client().pause(sandbox_id)
     wait_status(client(), sandbox_id, "paused")
-    while (sandbox_run.idle_seconds(client().get(sandbox_id)) or 0.0) <= seconds:
+    while (reuse.idle_seconds(client().get(sandbox_id)) or 0.0) <= seconds:
         time.sleep(0.2)
 
 
@@ -80,7 +80,7 @@ def test_two_users_of_one_flow_get_their_own_guest_and_files(
     assert again["result"] == "visitor-alice"  # and Bob's is not in Alice's
     names = {sb["name"] for sb in scoped.live_sandboxes() if sb["name"].startswith(REUSE_PREFIX)}
     assert names == {
-        sandbox_run.reuse_name("flow-test", "CreateOSSandbox-t0001", network.DENY_ALL, (f"user:{u}",))
+        reuse.reuse_name("flow-test", "CreateOSSandbox-t0001", network.DENY_ALL, (f"user:{u}",))
         for u in (ALICE, BOB)
     }
 
@@ -97,12 +97,12 @@ def test_session_mode_is_per_user_and_session(component_cls: type, scoped: Local
 
 def test_owner_parts_cannot_be_forged_through_the_session_id() -> None:
     deny = network.DENY_ALL
-    name = sandbox_run.reuse_name("f", "c", deny, ("user:a", "session:b"))
-    assert name != sandbox_run.reuse_name("f", "c", deny, ("user:a:session:b",))
-    assert name != sandbox_run.reuse_name("f", "c", deny, ("user:a",))
-    assert sandbox_run.reuse_owner("session", "a", "") is None
-    assert sandbox_run.reuse_owner("flow", "", "s") is None
-    assert sandbox_run.reuse_owner("off", None, None) == ()
+    name = reuse.reuse_name("f", "c", deny, ("user:a", "session:b"))
+    assert name != reuse.reuse_name("f", "c", deny, ("user:a:session:b",))
+    assert name != reuse.reuse_name("f", "c", deny, ("user:a",))
+    assert engine.reuse_owner("session", "a", "") is None
+    assert engine.reuse_owner("flow", "", "s") is None
+    assert engine.reuse_owner("off", None, None) == ()
 
 
 @pytest.mark.parametrize(("mode", "user", "session"), [("flow", None, None), ("session", ALICE, "")])
@@ -148,7 +148,7 @@ def test_reused_runs_sweep_other_idle_guests(
 ) -> None:
     """Alice never comes back: Bob's next reused run deletes her idle guest."""
     alice = alice_idle_past_lifetime(component_cls, monkeypatch)
-    sandbox_run.sweeper.reset()
+    reuse.sweeper.reset()
     bob = visit(component_cls, "bob", user_id=BOB)
     assert bob["exit_code"] == 0
     assert client().get(alice["sandbox_id"])["status"] in ("destroying", "destroyed")

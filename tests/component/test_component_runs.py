@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.component import artifacts
-from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core.native import load_native
+from langflow_sandbox_createos.component import artifacts, engine, wrapper
+from langflow_sandbox_createos.core import connection, lease
 from langflow_sandbox_createos.local.testing import LocalControlPlane, NamespaceHost
 
 from .conftest import all_ids, client, run_flow
@@ -203,7 +202,7 @@ def test_shape_is_checked_against_the_catalog(
     monkeypatch.setenv("CREATEOS_SANDBOX_SHAPE", "s-env-missing")
     with pytest.raises(SandboxUnavailableError, match="'s-env-missing'"):
         component_cls(_id="CreateOSSandbox-shape").run_sandbox()
-    assert sandbox_run.resolve_shape(" s-1vcpu-1gb ") == "s-1vcpu-1gb"
+    assert engine.resolve_shape(" s-1vcpu-1gb ") == "s-1vcpu-1gb"
 
 
 def test_control_plane_errors_map_to_lfx_errors(component_cls: type, env: LocalControlPlane) -> None:
@@ -233,15 +232,15 @@ def test_download_cap_backstop_and_hostile_archive(env: LocalControlPlane) -> No
     import tarfile
 
     c = client()
-    sandbox_id = c.create({"shape": sandbox_run.resolve_shape(None), "egress": ["*"]})["id"]
+    sandbox_id = c.create({"shape": engine.resolve_shape(None), "egress": ["*"]})["id"]
     try:
-        req = sandbox_run.RunRequest("x", "command", False, True, True, 5, "s", "f", "c")
-        program = sandbox_run.build_program(req, lock=False)
-        native = load_native()
+        req = engine.RunRequest("x", "command", False, True, True, 5, "s", "f", "c")
+        program = wrapper.build_program(req, lock=False)
+        guest = lease.Lease.kept(connection.endpoints.get(), sandbox_id)
 
         c.upload(sandbox_id, program.archive_path, b"\0" * (artifacts.MAX_ARCHIVE_BYTES + 1))
-        outcome = sandbox_run.RunOutcome("", "", 0, sandbox_id, False, 5)
-        sandbox_run._collect(c, native, sandbox_id, program, outcome, lambda fn: fn())
+        outcome = engine.RunOutcome("", "", 0, sandbox_id, False, 5)
+        engine._collect(guest, program, outcome, lambda fn: fn())
         assert outcome.files == [] and outcome.artifacts_truncated
         assert "max_bytes" in outcome.artifacts_message
 
@@ -262,8 +261,8 @@ def test_download_cap_backstop_and_hostile_archive(env: LocalControlPlane) -> No
             raw.write(bomb.tobuf())
         body = gzip.compress(raw.getvalue()) + gzip.compress(b"\0" * (64 * 1024 * 1024)) * 4
         c.upload(sandbox_id, program.archive_path, body)
-        outcome = sandbox_run.RunOutcome("", "", 0, sandbox_id, False, 5)
-        sandbox_run._collect(c, native, sandbox_id, program, outcome, lambda fn: fn())
+        outcome = engine.RunOutcome("", "", 0, sandbox_id, False, 5)
+        engine._collect(guest, program, outcome, lambda fn: fn())
         assert [f.path for f in outcome.files] == ["ok"]
         assert outcome.artifacts_truncated
         assert "absolute or '..' path" in outcome.artifacts_message
@@ -284,7 +283,7 @@ def test_backslash_n_in_code_reaches_the_guest_verbatim(component_cls: type, env
 def test_progress_is_shown_while_output_streams(
     component_cls: type, env: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    progress_cls = sys.modules[component_cls.__module__]._Progress
+    progress_cls = sys.modules[component_cls.__module__].engine.Progress  # the one the node uses
     statuses: list[tuple[float, str]] = []
     original = progress_cls.on_output
 

@@ -1,4 +1,4 @@
-"""The component's guest wrapper (`engine.GUEST_WRAPPER`), run as the engine builds it on a real
+"""The component's guest wrapper (`wrapper.GUEST_WRAPPER`), run as the engine builds it on a real
 createos-local guest: a reused run's program starts only once an earlier run's archive has been
 fetched (or the wait's budget is spent), whatever waits there (a file, a dangling link), and
 its clock reports a timeout as a timeout. The wrapper does these checks with shell builtins
@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos.component import engine
+from langflow_sandbox_createos.component import engine, wrapper
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 pytestmark = pytest.mark.timeout(120)
 
-OUT = engine.ARCHIVE_DIR
+OUT = wrapper.ARCHIVE_DIR
 MARK = "/tmp/archive-fetched"
 SHAPE = "s-2vcpu-4gb"
 PENDWAIT_ARG = 9  # argv: -c WRAPPER $0 run limit collect budget cap lockwait pendwait ...
@@ -85,7 +85,7 @@ def _run(
         program=program, mode="python", reuse=True, collect=False, allow_network=False,
         timeout=timeout, shape=SHAPE, flow_id="f", component_id="c",
     )  # fmt: skip
-    built = engine.build_program(req, lock=True)
+    built = wrapper.build_program(req, lock=True)
     argv = list(built.argv)
     if pendwait is not None:
         argv[PENDWAIT_ARG] = str(pendwait)
@@ -129,7 +129,7 @@ def test_nothing_waiting_means_no_wait_and_no_leftovers(guest: tuple[Any, str]) 
     _sh(client, sandbox_id, f"rm -rf {MARK} {OUT}")
     out = _run(client, sandbox_id, REPORT)
     assert (out.exit_code, out.stdout) == (0, "not fetched False\n"), (out.stdout, out.stderr)
-    left = _sh(client, sandbox_id, f"ls -A /tmp | grep -c '^{engine.RUN_DIR_PREFIX[5:]}' || true")
+    left = _sh(client, sandbox_id, f"ls -A /tmp | grep -c '^{wrapper.RUN_DIR_PREFIX[5:]}' || true")
     assert left.stdout.strip() == "0", left.stdout  # the run directory is gone
 
 

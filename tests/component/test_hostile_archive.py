@@ -124,9 +124,9 @@ def test_a_quadratic_pax_archive_never_stalls_the_host(component_cls: type, env:
 def test_archive_step_killed_at_its_budget_leaves_no_killed_line(
     component_cls: type, env: LocalControlPlane, monkeypatch: Any
 ) -> None:
-    from langflow_sandbox_createos.component import engine as sandbox_run
+    from langflow_sandbox_createos.component import wrapper
 
-    monkeypatch.setattr(sandbox_run, "ARCHIVE_BUDGET_SECONDS", 1)
+    monkeypatch.setattr(wrapper, "ARCHIVE_BUDGET_SECONDS", 1)
     # a sparse 64 GiB file: tar reads and compresses zeros far longer than the 1 s budget
     run = run_flow(
         component_cls,

@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any
 
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import engine
 from langflow_sandbox_createos.local.testing import LocalControlPlane
 
 # Holds the lock for a few seconds and rewrites every other run's program it can find.
@@ -42,7 +42,7 @@ print("found", sorted(found))
 """
 
 
-def _request(program: str, **kwargs: Any) -> sandbox_run.RunRequest:
+def _request(program: str, **kwargs: Any) -> engine.RunRequest:
     fields: dict[str, Any] = {
         "program": program,
         "mode": "python",
@@ -50,12 +50,12 @@ def _request(program: str, **kwargs: Any) -> sandbox_run.RunRequest:
         "collect": False,
         "allow_network": False,
         "timeout": 30,
-        "shape": sandbox_run.resolve_shape(None),
+        "shape": engine.resolve_shape(None),
         "flow_id": "flow-privacy",
         "component_id": "CreateOSSandbox-p0001",
     }
     fields.update(kwargs)
-    return sandbox_run.RunRequest(**fields)
+    return engine.RunRequest(**fields)
 
 
 def _start_holder(pool: concurrent.futures.Executor, program: str, **kwargs: Any) -> Any:
@@ -67,19 +67,19 @@ def _start_holder(pool: concurrent.futures.Executor, program: str, **kwargs: Any
         if "A-started" in chunk:
             started.set()
 
-    future = pool.submit(sandbox_run.run, _request(program, **kwargs), on_output=on_output)
+    future = pool.submit(engine.run, _request(program, **kwargs), on_output=on_output)
     assert started.wait(120), future.result() if future.done() else "the holder never started"
     return future
 
 
 def test_a_waiting_run_cannot_have_its_program_replaced(reuse_env: LocalControlPlane) -> None:
-    sandbox_run.run(_request("print('warm')"))  # the guest exists: both runs below reuse it
+    engine.run(_request("print('warm')"))  # the guest exists: both runs below reuse it
     small = "print('B-small ran its own program')\n"
     big = "x = 1\n" * (300 * 1024 // 6) + "print('B-big ran its own program')\n"  # uploaded, not stdin
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         holder = _start_holder(pool, HIJACKER)
-        b_small = pool.submit(sandbox_run.run, _request(small))
-        b_big = pool.submit(sandbox_run.run, _request(big))
+        b_small = pool.submit(engine.run, _request(small))
+        b_big = pool.submit(engine.run, _request(big))
         a, small_out, big_out = holder.result(), b_small.result(), b_big.result()
     assert a.exit_code == 0 and "A-holder done" in a.stdout, a
     # e8f911e: the waiting run wrote main.py before taking the lock and printed "hijacked"
@@ -95,21 +95,21 @@ def test_a_waiting_run_cannot_have_its_program_replaced(reuse_env: LocalControlP
 def test_the_next_run_never_sees_an_archive_still_waiting_for_its_host(
     reuse_env: LocalControlPlane, monkeypatch: Any
 ) -> None:
-    sandbox_run.run(_request("print('warm')"))
-    real_collect = sandbox_run._collect
+    engine.run(_request("print('warm')"))
+    real_collect = engine._collect
 
-    def slow_host(client: Any, native: Any, sandbox_id: str, program: Any, outcome: Any, retry: Any) -> None:
+    def slow_host(guest: Any, program: Any, outcome: Any, retry: Any) -> None:
         time.sleep(2.0)  # the holder's host is slow to fetch its archive
-        real_collect(client, native, sandbox_id, program, outcome, retry)
+        real_collect(guest, program, outcome, retry)
 
-    monkeypatch.setattr(sandbox_run, "_collect", slow_host)
+    monkeypatch.setattr(engine, "_collect", slow_host)
     holder_program = (
         "import time\nprint('A-started', flush=True)\ntime.sleep(1)\n"
         "open('/workspace/artifacts/secret.txt', 'w').write('A-secret')\n"
     )
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         holder = _start_holder(pool, holder_program, collect=True)
-        snooper = pool.submit(sandbox_run.run, _request(SNOOPER))
+        snooper = pool.submit(engine.run, _request(SNOOPER))
         a, b = holder.result(), snooper.result()
     assert a.exit_code == 0 and [(f.path, f.data) for f in a.files] == [("secret.txt", b"A-secret")], a
     # e8f911e: the archive sat in the holder's run directory until its host fetched it
@@ -118,5 +118,5 @@ def test_the_next_run_never_sees_an_archive_still_waiting_for_its_host(
 
 
 def test_the_program_keeps_the_default_umask(reuse_env: LocalControlPlane) -> None:
-    out = sandbox_run.run(_request("import os\nprint(oct(os.umask(0)))\n"))
+    out = engine.run(_request("import os\nprint(oct(os.umask(0)))\n"))
     assert out.exit_code == 0 and out.stdout.strip() == "0o22", out

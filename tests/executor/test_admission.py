@@ -158,18 +158,18 @@ async def test_a_run_returns_before_its_guest_is_deleted_and_holds_its_slot_unti
 ) -> None:
     """The delete is off the run's critical path, but the run's slot in the line is held
     until it returned: never more guests alive than CREATEOS_EXECUTOR_MAX_GUESTS."""
-    from langflow_sandbox_createos.executor import run as executor_run
+    from langflow_sandbox_createos.core import pool_keeper
 
     gate = threading.Event()
     deleting: list[str] = []
-    real_delete = executor_run.pool_keeper.delete
+    real_delete = pool_keeper.delete
 
     def held_delete(client: Any, sandbox_id: str) -> None:
         deleting.append(sandbox_id)
         assert gate.wait(60)
         real_delete(client, sandbox_id)
 
-    monkeypatch.setattr(executor_run.pool_keeper, "delete", held_delete)
+    monkeypatch.setattr(pool_keeper, "delete", held_delete)
     try:
         items = await asyncio.wait_for(drain(executor.execute(chat_unit("quick"))), 120)
         assert type(items[-1]).__name__ == "RunComplete"
@@ -190,8 +190,8 @@ async def test_a_run_whose_bridge_close_is_cancelled_still_deletes_its_guest_and
 ) -> None:
     """The consumer's task cancelled while the run's sandbox bridge closes (its finally
     awaits): the guest is deleted and the slot left all the same."""
+    from langflow_sandbox_createos.core import lease
     from langflow_sandbox_createos.executor import bridge as executor_bridge
-    from langflow_sandbox_createos.executor import run as executor_run
 
     async def cancelled_close(self: Any) -> None:
         raise asyncio.CancelledError
@@ -199,7 +199,7 @@ async def test_a_run_whose_bridge_close_is_cancelled_still_deletes_its_guest_and
     monkeypatch.setattr(executor_bridge.SandboxBridge, "close", cancelled_close)
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(drain(executor.execute(chat_unit("quick"))), 120)
-    executor_run.wait_for_deletes(60)
+    lease.wait_for_deletes(60)
     await _line_empties()
     assert executor_env.wait_until_no_live(timeout=5.0) == []
 
@@ -289,7 +289,7 @@ async def test_pool_refills_hold_a_slot_and_never_make_a_run_wait_longer(
     at once and without I/O: it asked the line, was told no, and started no worker (the test
     waited 1.5 s for a refill not to appear before, which a slow thread could outlast)."""
     from langflow_sandbox_createos.core import connection, settings
-    from langflow_sandbox_createos.executor import pool as executor_pool
+    from langflow_sandbox_createos.executor import pool
 
     monkeypatch.setenv("CREATEOS_EXECUTOR_MAX_GUESTS", "1")
     monkeypatch.setenv("CREATEOS_EXECUTOR_WARM_POOL", "1")
@@ -312,27 +312,27 @@ async def test_pool_refills_hold_a_slot_and_never_make_a_run_wait_longer(
         return answer
 
     monkeypatch.setattr(line, "has_spare", has_spare)
-    await asyncio.to_thread(executor_pool.shutdown)  # no pooled guest and no worker of an earlier test
-    pool = executor_pool.pool()
-    assert pool.stats()["workers"] == 0, pool.stats()
+    await asyncio.to_thread(pool.shutdown)  # no pooled guest and no worker of an earlier test
+    warm = pool.pool()
+    assert warm.stats()["workers"] == 0, warm.stats()
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
         await line.enter(1, lambda *_: None)  # a run holds the only slot
-        created = pool.stats()["created"]  # the process's pool: earlier tests' counts stay
-        run, _ = executor_pool.take(connection.endpoints.get(), settings.executor_settings(), {})
+        created = warm.stats()["created"]  # the process's pool: earlier tests' counts stay
+        run, _ = pool.take(connection.endpoints.get(), settings.executor_settings(), {})
         assert run is None
         # take() decided then and there: the line said no, so no worker was started to refill
         assert answers and not any(answers), answers
-        stats = pool.stats()
+        stats = warm.stats()
         assert stats["workers"] == 0 and stats["pending"] == 0 and stats["created"] == created, stats
         live = [sb for sb in executor_env.live_sandboxes() if sb["name"].startswith("lf-xw-")]
         assert not live, live
         line.leave()  # the refill may start now, and holds the slot while it warms
         deadline = time.monotonic() + 30
-        while pool.stats()["pending"] == 0 and time.monotonic() < deadline:
+        while warm.stats()["pending"] == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        assert pool.stats()["pending"] == 1 and line.in_flight == 1, pool.stats()
+        assert warm.stats()["pending"] == 1 and line.in_flight == 1, warm.stats()
         logs: list[dict[str, Any]] = []
         unit = chat_unit("after the refill")
         unit.runtime_options["event_manager"] = _recording_manager(logs)
@@ -341,10 +341,10 @@ async def test_pool_refills_hold_a_slot_and_never_make_a_run_wait_longer(
         assert [s.pooled for s in statuses] == [True], statuses
         assert any("waits in line" in str(log.get("message")) for log in logs), logs
         assert type(items[-1]).__name__ == "RunComplete"
-        assert pool.wait_full(240), pool.stats()  # the run's take started the next refill
+        assert warm.wait_full(240), warm.stats()  # the run's take started the next refill
     finally:
         done.set()
         watcher.join(5)
-        executor_pool.shutdown()
+        pool.shutdown()
     assert peak == 1, peak
     assert line.in_flight == 0 and line.waiting == 0

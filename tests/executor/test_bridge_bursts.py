@@ -21,8 +21,7 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import Capabilities, SandboxExecutionError, SandboxResult
 
-from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor import bridge as executor_sandbox
+from langflow_sandbox_createos.executor import CreateOSExecutor, bridge
 
 from .conftest import chat_unit, drain
 from .flow_components.bridge_burst import BridgeBurst
@@ -158,13 +157,13 @@ async def until(event: threading.Event) -> None:
 def watch_bridges(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every SandboxBridge made from now on (the host's side of each run)."""
     made: list[Any] = []
-    original = executor_sandbox.SandboxBridge.__init__
+    original = bridge.SandboxBridge.__init__
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         made.append(self)
 
-    monkeypatch.setattr(executor_sandbox.SandboxBridge, "__init__", init)
+    monkeypatch.setattr(bridge.SandboxBridge, "__init__", init)
     return made
 
 
@@ -176,7 +175,7 @@ async def test_a_burst_past_the_cap_is_served_up_to_it_and_refused_beyond_in_arr
     host at once (the probe holds the burst's calls until 4 are in flight together). Fails on
     ac8509d: the cap was compared after waiting for a slot, when all 301 had arrived, so the
     burst was refused whole."""
-    cap, slots = executor_sandbox.MAX_REQUESTS_PER_RUN, executor_sandbox.MAX_IN_FLIGHT
+    cap, slots = bridge.MAX_REQUESTS_PER_RUN, bridge.MAX_IN_FLIGHT
     bridges = watch_bridges(monkeypatch)
     # held until the cap is seen to hold (a full set in flight and one more waiting for a slot),
     # or seen broken (more than a full set in flight): a verdict by state, not by time
@@ -206,8 +205,8 @@ async def test_runs_filling_the_bridge_threads_leave_the_default_pool_and_other_
     loop = asyncio.get_running_loop()
     default = ThreadPoolExecutor(max_workers=4, thread_name_prefix="test-default")
     loop.set_default_executor(default)
-    monkeypatch.setattr(executor_sandbox, "BRIDGE_THREADS", 4)
-    monkeypatch.setattr(executor_sandbox, "_pool", None)
+    monkeypatch.setattr(bridge, "BRIDGE_THREADS", 4)
+    monkeypatch.setattr(bridge, "_pool", None)
     probe.arm(hold_from=3, full_at=4)  # each run's Python Interpreter call passes; the bursts wait
     hostile = [
         asyncio.create_task(
@@ -228,7 +227,7 @@ async def test_runs_filling_the_bridge_threads_leave_the_default_pool_and_other_
     finally:
         probe.gate.set()
         runs = await asyncio.gather(*hostile, return_exceptions=True)
-        pool = executor_sandbox._pool
+        pool = bridge._pool
         if pool is not None:
             pool.shutdown(wait=False)
         default.shutdown(wait=False)

@@ -109,7 +109,7 @@ def watch(host_backend: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[LoopWa
     monkeypatch.setattr(connection, "endpoints", table)
     yield seen
     from langflow_sandbox_createos.backend.engine import create_backend
-    from langflow_sandbox_createos.executor.run import wait_for_deletes
+    from langflow_sandbox_createos.core.lease import wait_for_deletes
 
     wait_for_deletes(30)
     create_backend().shutdown()
@@ -135,7 +135,7 @@ async def test_pooled_executor_runs(
     watch: LoopWatch, memory: HostMemory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from langflow_sandbox_createos.core import settings
-    from langflow_sandbox_createos.executor import pool as executor_pool
+    from langflow_sandbox_createos.executor import pool
 
     from .conftest import chat_graph
 
@@ -143,17 +143,17 @@ async def test_pooled_executor_runs(
     # the test's own waits and its first take (which starts the pool) are off the loop too
     try:
         first = await asyncio.to_thread(
-            executor_pool.take, connection.endpoints.get(), settings.executor_settings(), {}
+            pool.take, connection.endpoints.get(), settings.executor_settings(), {}
         )
         assert first[0] is None
         for session in ("loop-p1", "loop-p2"):
-            assert await asyncio.to_thread(executor_pool.pool().wait_full, 240)
+            assert await asyncio.to_thread(pool.pool().wait_full, 240)
             before = len(watch.calls)
             reference, ours = await both(chat_graph, memory, session)
             assert reference.outputs == ours.outputs
             assert watch.calls[before:], "the pooled run made no call through the watched client"
     finally:
-        await asyncio.to_thread(executor_pool.shutdown)
+        await asyncio.to_thread(pool.shutdown)
     assert {"create", "exec", "upload", "delete"} <= watch.methods(), watch.methods()
     violations = watch.on_the_loop()
     assert not violations, "\n\n".join(violations)

@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from lfx.schema.schema import InputValueRequest
 
-from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor import flows as executor_flows
+from langflow_sandbox_createos.executor import CreateOSExecutor, flows
 from langflow_sandbox_createos.executor.framing import encode_frame, new_token
 from langflow_sandbox_createos.executor.guest import BOOTSTRAP, runner_source
 from langflow_sandbox_createos.executor.reader import FrameReader
@@ -306,7 +305,7 @@ def test_run_flow_and_sub_flow_targets_are_read_from_the_flow() -> None:
         ],
         "edges": [],
     }
-    refs = executor_flows.references(flow)
+    refs = flows.references(flow)
     assert [(r.node, r.key) for r in refs] == [
         ("RunFlow-a", "id:f-1"),
         ("RunFlow-b", "name:two"),
@@ -344,8 +343,8 @@ def test_a_target_only_the_run_decides_is_refused_by_name(node: Any, edges: Any,
 async def test_without_langflow_the_catalogue_is_empty() -> None:
     """lfx alone has no flow database: the guest's lookups find nothing, as lfx's stubs."""
     flow = {"nodes": [_loader("RunFlow-a", RUN_FLOW_CODE, flow_name_selected="one")], "edges": []}
-    assert await executor_flows.resolve({"nodes": [], "edges": []}, "u") is None
-    assert await executor_flows.resolve(flow, "u") == {"user_id": "u", "lookups": {}}
+    assert await flows.resolve({"nodes": [], "edges": []}, "u") is None
+    assert await flows.resolve(flow, "u") == {"user_id": "u", "lookups": {}}
 
 
 def test_the_host_reads_its_lfx_version_once(monkeypatch: pytest.MonkeyPatch) -> None:

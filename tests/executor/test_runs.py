@@ -181,6 +181,7 @@ async def test_closing_a_run_wakes_when_its_guest_delete_returns(monkeypatch: py
     import types
 
     from langflow_sandbox_createos.core import settings
+    from langflow_sandbox_createos.core.lease import Lease
     from langflow_sandbox_createos.executor import run as executor_run
 
     returned: list[float] = []
@@ -194,7 +195,8 @@ async def test_closing_a_run_wakes_when_its_guest_delete_returns(monkeypatch: py
         raise AssertionError("close() polled")
 
     endpoint = types.SimpleNamespace(client=Client())
-    run = executor_run._Run(endpoint, settings.executor_settings({}), None, pooled_guest="sb-test")  # type: ignore[arg-type]
+    guest = Lease(endpoint, "sb-test", held=False)  # type: ignore[arg-type]
+    run = executor_run._Run(endpoint, settings.executor_settings({}), None, pooled=guest)  # type: ignore[arg-type]
     monkeypatch.setattr(asyncio, "sleep", no_polling)
     started = time.monotonic()
     await run.close()
@@ -212,7 +214,7 @@ def test_wait_for_deletes_while_a_delete_thread_is_starting(
     here every thread start is slowed down, and wait_for_deletes is called in that window."""
     import threading
 
-    from langflow_sandbox_createos.core import connection, pool_keeper, settings
+    from langflow_sandbox_createos.core import connection, lease, pool_keeper, settings
     from langflow_sandbox_createos.executor import run as executor_run
 
     cp = executor_env
@@ -221,14 +223,16 @@ def test_wait_for_deletes_while_a_delete_thread_is_starting(
     for guest in guests:
         pool_keeper.hold(endpoint, guest)
     runs = [
-        executor_run._Run(endpoint, settings.executor_settings({}), None, pooled_guest=guest)  # type: ignore[arg-type]
+        executor_run._Run(
+            endpoint, settings.executor_settings({}), None, pooled=lease.Lease(endpoint, guest, held=True)
+        )
         for guest in guests
     ]
     real_start = threading.Thread.start
     starting = threading.Event()
 
     def slow_start(self: threading.Thread) -> None:
-        if self.name == "createos-executor-delete":
+        if self.name == "createos-guest-delete":
             starting.set()
             time.sleep(0.3)  # the window in which the thread is listed but not started
         real_start(self)
@@ -239,7 +243,7 @@ def test_wait_for_deletes_while_a_delete_thread_is_starting(
     def waiter() -> None:
         starting.wait(10)
         try:
-            executor_run.wait_for_deletes(30)
+            lease.wait_for_deletes(30)
         except BaseException as exc:
             errors.append(exc)
 
@@ -251,7 +255,7 @@ def test_wait_for_deletes_while_a_delete_thread_is_starting(
     for watcher in watchers:
         watcher.join(60)
     assert errors == []
-    executor_run.wait_for_deletes(30)
+    lease.wait_for_deletes(30)
     assert cp.wait_until_no_live(timeout=10.0) == []
     assert not set(guests) & set(pool_keeper.keepers.held_ids())
 
@@ -287,13 +291,14 @@ async def test_a_spec_over_4_mib_is_uploaded_and_runs(executor: CreateOSExecutor
     """A flow whose spec is over STDIN_SPEC_MAX_BYTES travels as a file (one PUT), not stdin."""
     import hashlib
 
+    from langflow_sandbox_createos.core import lease
     from langflow_sandbox_createos.executor import run as executor_module
 
     payload = "0123456789abcdef" * (executor_module.STDIN_SPEC_MAX_BYTES // 16 + 4096)  # 4 MiB + 64 KiB
     graph = middle_graph(Digest, "digest", payload=payload)
     before = _requests(executor_env)
     items = await drain(executor.execute(_unit(graph, "big")))
-    executor_module.wait_for_deletes(30.0)  # the run returns before its guest's delete does
+    lease.wait_for_deletes(30.0)  # the run returns before its guest's delete does
     after = _requests(executor_env)
     expected = f"big:{len(payload)}:{hashlib.sha256(payload.encode()).hexdigest()}"
     assert _text(items) == expected

@@ -22,9 +22,8 @@ from lfx.utils.sandbox.base import SandboxExecutionError
 
 import langflow_sandbox_createos
 from langflow_sandbox_createos.backend.engine import create_backend
-from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor import bridge as executor_sandbox
+from langflow_sandbox_createos.component import reuse
+from langflow_sandbox_createos.executor import CreateOSExecutor, bridge
 
 from .flow_components.bridge_abuser import BridgeAbuser
 from .parity.test_parity import FLOW_ID, USER_ID, HostMemory, Run, assert_same, both, memory, run_flow
@@ -176,7 +175,7 @@ async def test_a_pooled_runner_answers_with_each_runs_view_of_the_host(
     import lfx.utils.python_repl_security as security
 
     from langflow_sandbox_createos.core import connection, settings
-    from langflow_sandbox_createos.executor import pool as executor_pool
+    from langflow_sandbox_createos.executor import pool
 
     def blocked() -> None:
         raise CodeExecutionDisabledError(
@@ -185,15 +184,15 @@ async def test_a_pooled_runner_answers_with_each_runs_view_of_the_host(
 
     monkeypatch.setenv("CREATEOS_EXECUTOR_WARM_POOL", "1")
     try:
-        assert executor_pool.take(connection.endpoints.get(), settings.executor_settings(), {})[0] is None
-        assert executor_pool.pool().wait_full(240)
+        assert pool.take(connection.endpoints.get(), settings.executor_settings(), {})[0] is None
+        assert pool.pool().wait_full(240)
         before = {sb["id"] for sb in guests(host_backend)}
         reference, ours = await both(lambda: interpreter_graph(MICROVM_CODE), memory, "s-pool")
         assert_same(reference, ours)
         assert json.loads(shown(ours)["result"]) == {"sandboxed": True, "sum": 45}
         # two backend guests (the reference's, ours through the host) and no cold executor guest
         assert [n for n in names_since(host_backend, before) if n != "lf-xw"] == ["lf", "lf"]
-        assert executor_pool.pool().wait_full(240)
+        assert pool.pool().wait_full(240)
         monkeypatch.setattr(security, "ensure_code_execution_enabled", blocked)
         before = {sb["id"] for sb in guests(host_backend)}
         with pytest.raises(SandboxExecutionError, match="block_code_interpreter_components"):
@@ -202,7 +201,7 @@ async def test_a_pooled_runner_answers_with_each_runs_view_of_the_host(
             )
         assert [n for n in names_since(host_backend, before) if n != "lf-xw"] == []
     finally:
-        executor_pool.shutdown()
+        pool.shutdown()
 
 
 # --- the CreateOS Sandbox component --------------------------------------------------------
@@ -249,7 +248,7 @@ FILES_CODE = (
 async def test_the_component_runs_on_the_host_engine(
     host_backend: Any, memory: HostMemory, component_cls: type, params: dict[str, Any], keeps: int
 ) -> None:
-    sandbox_run.guest_ids.clear()
+    reuse.guest_ids.clear()
     before = {sb["id"] for sb in guests(host_backend)}
     reference, ours = await both(lambda: sandbox_graph(component_cls, **params), memory, "s-comp")
     results = shown(ours)
@@ -263,7 +262,7 @@ async def test_the_component_runs_on_the_host_engine(
     if params.get("collect_artifacts"):
         assert results["artifact_count"] == 2
     made = names_since(host_backend, before)
-    reused = [sb for sb in host_backend.live_sandboxes() if sb["name"].startswith(sandbox_run.NAME_PREFIX)]
+    reused = [sb for sb in host_backend.live_sandboxes() if sb["name"].startswith(reuse.NAME_PREFIX)]
     if keeps:  # in-process and in the guest: the same reused guest (the host's identity)
         assert len(reused) == 1, reused
         for sb in reused:
@@ -320,7 +319,7 @@ async def test_a_guest_cannot_ask_for_runs_its_nodes_would_not_make(
     forged = report["forged_settings"]
     assert forged["stdout"] == "node program\n", forged  # the node's program, not the guest's
     guest = sandbox_view(host_backend, forged["sandbox_id"])
-    assert guest["name"].startswith(sandbox_run.NAME_PREFIX) and guest["id"] not in before
+    assert guest["name"].startswith(reuse.NAME_PREFIX) and guest["id"] not in before
     # the node's settings: no network, the default shape and image, no reuse
     assert (guest["egress"], guest["shape"], guest["rootfs"]) == (["240.0.0.0/4"], "s-2vcpu-4gb", "devbox:1")
     made = [sb for sb in host_backend.sandboxes() if sb["id"] not in before]
@@ -328,5 +327,5 @@ async def test_a_guest_cannot_ask_for_runs_its_nodes_would_not_make(
 
 
 def test_guest_view_reports_the_hosts_backend_and_verdict(host_backend: Any) -> None:
-    view = executor_sandbox.guest_view()
+    view = bridge.guest_view()
     assert view == {"backend": "createos", "policy": None}

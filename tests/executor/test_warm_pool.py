@@ -27,8 +27,7 @@ from lfx.utils.sandbox.base import SandboxExecutionError
 
 from langflow_sandbox_createos import cli
 from langflow_sandbox_createos.core import connection, settings
-from langflow_sandbox_createos.executor import CreateOSExecutor
-from langflow_sandbox_createos.executor import pool as executor_pool
+from langflow_sandbox_createos.executor import CreateOSExecutor, pool
 from langflow_sandbox_createos.executor.results import GuestStatus
 from langflow_sandbox_createos.local.testing import NamespaceHost
 
@@ -46,18 +45,18 @@ FILL_SECONDS = 240.0  # lfx's import on a loaded 2-core machine
 def pooled(executor_env: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("CREATEOS_EXECUTOR_WARM_POOL", "1")
     yield executor_env
-    executor_pool.shutdown()
+    pool.shutdown()
 
 
 def fill() -> list[str]:
     """Register this configuration's pool without a run and wait until it is full."""
     endpoint = connection.endpoints.get()
     cfg = settings.executor_settings()
-    run, _ = executor_pool.take(endpoint, cfg, {})
+    run, _ = pool.take(endpoint, cfg, {})
     assert run is None  # nothing was warm yet
-    pool = executor_pool.pool()
-    assert pool.wait_full(FILL_SECONDS), pool.stats()
-    return pool.ready_ids()
+    warm = pool.pool()
+    assert warm.wait_full(FILL_SECONDS), warm.stats()
+    return warm.ready_ids()
 
 
 def status(items: list[Any]) -> GuestStatus:
@@ -139,7 +138,7 @@ async def test_each_run_gets_its_own_pooled_guest(pooled: Any, monkeypatch: pyte
     first_pool = set(fill())
     assert len(first_pool) == 1
     name = view(pooled, next(iter(first_pool)))["name"]
-    assert name.startswith(executor_pool.NAME_PREFIX) and len(name) == 22
+    assert name.startswith(pool.NAME_PREFIX) and len(name) == 22
 
     used = []
     for value in ("one", "two"):
@@ -148,7 +147,7 @@ async def test_each_run_gets_its_own_pooled_guest(pooled: Any, monkeypatch: pyte
         guest = status(items)
         assert guest.pooled and guest.lfx_version
         used.append(guest.sandbox_id)
-        assert executor_pool.pool().wait_full(FILL_SECONDS)
+        assert pool.pool().wait_full(FILL_SECONDS)
     assert used[0] in first_pool
     assert used[0] != used[1]  # one guest per run, never reused
     for sandbox_id in used:  # deleted just after its run, off the run's path
@@ -165,7 +164,7 @@ async def test_a_pooled_run_logs_its_timeline_at_debug(pooled: Any, caplog: pyte
     with caplog.at_level(logging.INFO, logger=logger):  # off: nothing noted, nothing logged
         assert text(await drain(CreateOSExecutor().execute(unit(chat_graph(), "quiet")))) == "quiet"
     assert not [r for r in caplog.records if r.name == logger]
-    assert executor_pool.pool().wait_full(FILL_SECONDS)
+    assert pool.pool().wait_full(FILL_SECONDS)
     with caplog.at_level(logging.DEBUG, logger=logger):
         items = await drain(CreateOSExecutor().execute(unit(chat_graph(), "timed")))
         assert text(items) == "timed"
@@ -220,7 +219,7 @@ async def test_a_pooled_runs_deadline_counts_from_its_spec(
     await asyncio.sleep(timeout + 1)  # at least this long in the pool: a lower bound, not a verdict
     items = await drain(CreateOSExecutor().execute(unit(chat_graph(), "in time")))
     assert text(items) == "in time" and status(items).pooled
-    assert executor_pool.pool().wait_full(FILL_SECONDS)
+    assert pool.pool().wait_full(FILL_SECONDS)
     started = time.monotonic()
     with pytest.raises(SandboxExecutionError, match="timed out"):
         await drain(CreateOSExecutor().execute(unit(middle_graph(Sleeper, "nap"), "x")))
@@ -233,7 +232,7 @@ async def test_a_stale_pooled_guest_falls_back_without_a_double_run(
 ) -> None:
     url, hits = counter
     (stale,) = fill()
-    stale_before = executor_pool.pool().stats()["stale"]
+    stale_before = pool.pool().stats()["stale"]
     if how == "killed":
         assert kill_guest_processes(stale) >= 1
     elif how == "paused":
@@ -246,15 +245,15 @@ async def test_a_stale_pooled_guest_falls_back_without_a_double_run(
     guest = status(items)
     assert not guest.pooled and guest.sandbox_id != stale  # a fresh guest ran it
     assert len(hits) == 1  # ...and only it
-    assert executor_pool.pool().stats()["stale"] == stale_before + 1
-    executor_pool.shutdown()
+    assert pool.pool().stats()["stale"] == stale_before + 1
+    pool.shutdown()
     assert view(pooled, stale)["status"] in ("destroying", "destroyed")
 
 
 def test_shutdown_deletes_pooled_guests(pooled: Any) -> None:
     ids = fill()
     CreateOSExecutor.shutdown()
-    assert executor_pool.pool().ready_ids() == []
+    assert pool.pool().ready_ids() == []
     for sandbox_id in ids:
         assert view(pooled, sandbox_id)["status"] in ("destroying", "destroyed")
 
@@ -262,11 +261,11 @@ def test_shutdown_deletes_pooled_guests(pooled: Any) -> None:
 CHILD = textwrap.dedent(
     """
     import json, os, sys
-    from langflow_sandbox_createos.executor import pool as executor_pool
+    from langflow_sandbox_createos.executor import pool
     from langflow_sandbox_createos.core import connection, settings
-    executor_pool.take(connection.endpoints.get(), settings.executor_settings(), {})
-    assert executor_pool.pool().wait_full(240), executor_pool.pool().stats()
-    print(json.dumps(executor_pool.pool().ready_ids()), flush=True)
+    pool.take(connection.endpoints.get(), settings.executor_settings(), {})
+    assert pool.pool().wait_full(240), pool.pool().stats()
+    print(json.dumps(pool.pool().ready_ids()), flush=True)
     if sys.argv[1] == "lost":  # the keeper dies too (a lost machine): the guests stay behind
         import signal
         from langflow_sandbox_createos.core import pool_keeper
@@ -304,11 +303,11 @@ def test_interpreter_exit_deletes_and_reap_finds_a_crash(
     assert cli.main(["reap", "--json", "--include-active"]) == 0
     listed = {row["id"] for row in json.loads(capsys.readouterr().out)["guests"]}
     assert ids[0] not in listed
-    pool = ["--prefix", executor_pool.NAME_PREFIX, "--include-active"]
-    assert cli.main(["reap", "--json", *pool]) == 0
+    warm = ["--prefix", pool.NAME_PREFIX, "--include-active"]
+    assert cli.main(["reap", "--json", *warm]) == 0
     listed = {row["id"]: row["name"] for row in json.loads(capsys.readouterr().out)["guests"]}
-    assert ids[0] in listed and listed[ids[0]].startswith(executor_pool.NAME_PREFIX)
-    assert cli.main(["reap", "--yes", "--json", *pool]) == 0
+    assert ids[0] in listed and listed[ids[0]].startswith(pool.NAME_PREFIX)
+    assert cli.main(["reap", "--yes", "--json", *warm]) == 0
     assert view(executor_env, ids[0])["status"] in ("destroying", "destroyed")
 
 
@@ -320,7 +319,7 @@ def test_a_pooled_guest_that_never_accepts_fails_the_run_on_python_3_10(
     executor's message, and the guest is closed."""
     import types
 
-    from langflow_sandbox_createos import executor as executor_module
+    from langflow_sandbox_createos.executor import engine as executor_module
     from langflow_sandbox_createos.executor.timeline import Timeline
 
     class AsyncioTimeout(Exception):  # what asyncio.TimeoutError is on 3.10
@@ -346,7 +345,7 @@ def test_a_pooled_guest_that_never_accepts_fails_the_run_on_python_3_10(
         awaitable.close()
         raise AsyncioTimeout
 
-    monkeypatch.setattr(executor_pool, "take", lambda *args: (NeverAccepts(), None))
+    monkeypatch.setattr(pool, "take", lambda *args: (NeverAccepts(), None))
     monkeypatch.setattr(executor_module.asyncio, "TimeoutError", AsyncioTimeout)
     monkeypatch.setattr(executor_module.asyncio, "wait_for", never)
     cfg = types.SimpleNamespace(env_allowlist=())

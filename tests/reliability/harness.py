@@ -427,7 +427,7 @@ def drain_backend_deletes(timeout: float = 10.0) -> None:
     """Let queued background deletes finish (and be logged), as lfx's shutdown does: the
     backend's queue, and the executor's delete threads (a run returns before its delete)."""
     from langflow_sandbox_createos.backend.engine import create_backend
-    from langflow_sandbox_createos.executor.run import wait_for_deletes
+    from langflow_sandbox_createos.core.lease import wait_for_deletes
 
     create_backend().shutdown()
     wait_for_deletes(timeout)

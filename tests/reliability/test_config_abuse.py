@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import reuse
 from langflow_sandbox_createos.core import settings
 from langflow_sandbox_createos.core.native import load_native
 
@@ -118,7 +118,7 @@ def env(plane: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     plane.clear_faults()
     harness.drain_backend_deletes()
     plane.delete_all()
-    sandbox_run.guest_ids.clear()
+    reuse.guest_ids.clear()
     assert plane.wait_until_no_live(timeout=10) == []
 
 

@@ -36,8 +36,8 @@ from typing import Any
 import pytest
 from waiting import wait_status
 
-from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import budget, connection, failures, network
+from langflow_sandbox_createos.component import reuse, wrapper
+from langflow_sandbox_createos.core import budget, connection, lease, network
 from langflow_sandbox_createos.executor import run as executor_module
 
 from . import harness, matrix
@@ -84,9 +84,7 @@ def _component_id(case: Case) -> str:
 
 
 def _reuse_name(case: Case) -> str:
-    return sandbox_run.reuse_name(
-        "noflow", _component_id(case), network.egress_rules(False), harness.REUSE_OWNER
-    )
+    return reuse.reuse_name("noflow", _component_id(case), network.egress_rules(False), harness.REUSE_OWNER)
 
 
 def _env(case: Case, lane: Lane) -> dict[str, str]:
@@ -168,12 +166,12 @@ def _settle(
     elif exp.delete_fault and case.surface == "executor":
         # the run returned before its guest's delete did: wait for the delete threads (their
         # calls are bounded by the control timeout, a retry included)
-        executor_module.wait_for_deletes(2.0 * matrix.CONTROL_TIMEOUT + 2.0)
+        lease.wait_for_deletes(2.0 * matrix.CONTROL_TIMEOUT + 2.0)
     elif exp.delete_fault and case.surface.startswith("component"):
         # what the next run or process exit does: log the native client's retried deletes
         for endpoint in connection.endpoints.all():
             if endpoint.base_url == lane.plane.url:
-                failures.log_delete_outcomes(endpoint.client, 2.0 * matrix.CONTROL_TIMEOUT + 2.0)
+                lease.collect_deletes(endpoint.client, 2.0 * matrix.CONTROL_TIMEOUT + 2.0)
     keep = _reuse_name(case) if case.surface == "component-reuse" else None
     # deletes were drained above; the executor's delete thread may still wait on its call
     wait = matrix.CONTROL_TIMEOUT + 2.0 if exp.delete_fault else 10.0
@@ -308,7 +306,7 @@ def _run_case(case: Case, lane: Lane, logs: harness.LogCapture) -> CaseResult:
         finally:
             lane.plane.clear_faults()
             lane.plane.delete_all()
-            sandbox_run.guest_ids.forget(_reuse_name(case))
+            reuse.guest_ids.forget(_reuse_name(case))
             lane.plane.wait_until_no_live(timeout=10.0)
     return result
 
@@ -327,10 +325,10 @@ def _matrix_patches(phase: str) -> Iterator[None]:
     try:
         mp.setattr(budget, "BACKEND_GRACE_SECONDS", matrix.BACKEND_GRACE)
         mp.setattr(budget, "COMPONENT_GRACE_SECONDS", matrix.COMPONENT_GRACE)
-        mp.setattr(sandbox_run, "ARCHIVE_BUDGET_SECONDS", matrix.COMPONENT_ARCHIVE)
-        mp.setattr(sandbox_run, "lock_wait_seconds", lambda timeout: matrix.COMPONENT_LOCK_WAIT)
-        mp.setattr(sandbox_run, "PENDING_WAIT_SECONDS", matrix.COMPONENT_PENDING_WAIT)
-        mp.setattr(sandbox_run, "GUEST_READY_SECONDS", matrix.COMPONENT_READY)
+        mp.setattr(wrapper, "ARCHIVE_BUDGET_SECONDS", matrix.COMPONENT_ARCHIVE)
+        mp.setattr(wrapper, "lock_wait_seconds", lambda timeout: matrix.COMPONENT_LOCK_WAIT)
+        mp.setattr(wrapper, "PENDING_WAIT_SECONDS", matrix.COMPONENT_PENDING_WAIT)
+        mp.setattr(reuse, "GUEST_READY_SECONDS", matrix.COMPONENT_READY)
         mp.setattr(budget, "EXECUTOR_GRACE_SECONDS", matrix.EXECUTOR_GRACE)
         if phase == "spec-upload":
             # every executor run uploads its spec (normally only specs over 4 MiB do)

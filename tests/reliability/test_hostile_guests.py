@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import reuse
 from langflow_sandbox_createos.core import budget, connection, settings
 
 from . import harness
@@ -61,7 +61,7 @@ def env(plane: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield plane
     harness.drain_backend_deletes()
     plane.delete_all()
-    sandbox_run.guest_ids.clear()
+    reuse.guest_ids.clear()
     assert plane.wait_until_no_live(timeout=15) == []
 
 

@@ -1,6 +1,6 @@
 """Found by the 30-minute soak: the client's RSS grew ~7 MiB/min under faults.
 
-Cause: ``Client.list()`` (which ``failures.reap_lost_create`` calls after every create whose
+Cause: ``Client.list()`` (which the guest lease (``lease._reap_lost_create``) calls after every create whose
 answer was lost) gathered every row of the account before filtering by name, and terminal
 rows stay listed, so each call held memory proportional to every guest ever created; with
 several threads each glibc arena kept its own high-water mark, growing with the account.

@@ -45,8 +45,8 @@ from typing import Any
 import pytest
 from native.heap import heap_in_use  # tests/ is on sys.path (rootdir without __init__.py)
 
-from langflow_sandbox_createos.component import engine as sandbox_run
-from langflow_sandbox_createos.core import budget, connection, network, settings
+from langflow_sandbox_createos.component import reuse, wrapper
+from langflow_sandbox_createos.core import budget, lease, network, settings
 from langflow_sandbox_createos.local import faults
 
 from . import harness
@@ -278,12 +278,12 @@ def soak_plane(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # short graces so that a hung exec costs seconds, not minutes
     monkeypatch.setattr(budget, "BACKEND_GRACE_SECONDS", 3.0)
     monkeypatch.setattr(budget, "COMPONENT_GRACE_SECONDS", 3)
-    monkeypatch.setattr(sandbox_run, "ARCHIVE_BUDGET_SECONDS", 5)
-    monkeypatch.setattr(sandbox_run, "lock_wait_seconds", lambda timeout: 10)
+    monkeypatch.setattr(wrapper, "ARCHIVE_BUDGET_SECONDS", 5)
+    monkeypatch.setattr(wrapper, "lock_wait_seconds", lambda timeout: 10)
     # inside that 10 s: a run waits at most 1 s for the archive of the run before it (its
     # host may be the one a fault hit), so the run after it still gets its turn
-    monkeypatch.setattr(sandbox_run, "PENDING_WAIT_SECONDS", 1)
-    monkeypatch.setattr(sandbox_run, "GUEST_READY_SECONDS", 20.0)
+    monkeypatch.setattr(wrapper, "PENDING_WAIT_SECONDS", 1)
+    monkeypatch.setattr(reuse, "GUEST_READY_SECONDS", 20.0)
     monkeypatch.setattr(budget, "EXECUTOR_GRACE_SECONDS", 5.0)
     try:
         yield plane
@@ -391,14 +391,14 @@ def test_soak(soak_plane: Any) -> None:
         stats = plane.stats()
         # what lfx's shutdown and process exit do: finish and log the queued deletes
         harness.drain_backend_deletes()
-        connection.log_pending_deletes(15.0)
+        lease.drain_deletes(15.0)
         deadline = time.monotonic() + 20
         while (
             any(sb["status"] == "destroying" for sb in plane.live_sandboxes()) and time.monotonic() < deadline
         ):
             time.sleep(0.2)
         reused = {
-            sandbox_run.reuse_name(
+            reuse.reuse_name(
                 "noflow", f"CreateOSSandbox-soak{i}", network.egress_rules(False), harness.REUSE_OWNER
             )
             for i in (0, 1)
@@ -419,7 +419,7 @@ def test_soak(soak_plane: Any) -> None:
         scanned = logs.scanned
         kept_mib = logs.kept_bytes / MiB
     plane.delete_all()
-    sandbox_run.guest_ids.clear()
+    reuse.guest_ids.clear()
 
     warm = [s for s in samples if s[0] >= WARMUP_FRACTION * SOAK_SECONDS]
     rss_points = [(t, r) for t, r, *_ in warm]

@@ -62,6 +62,26 @@ FILES = {
         "def later() -> None:\n"
         "    from . import run\n"
     ),
+    # a guest's life, written by hand: a create, an admission, an error mapping (and the mapping's
+    # one place), a run_program that creates, one that adopts
+    "langflow_sandbox_createos/executor/run.py": (
+        "def run(endpoint, line, client, self):\n"
+        "    line.enter(1)\n"
+        "    self.backend_line.try_enter_spare(1)\n"
+        "    slot.enter()\n"
+        "    try:\n"
+        "        endpoint.client.create({})\n"
+        "    except Exception as exc:\n"
+        '        raise to_lfx_error(exc, "create") from None\n'
+        '    with native_errors("run"):\n'
+        '        client.run_program({}, "sh")\n'
+        '        client.run_program({}, "sh", sandbox_id="x")\n'
+        '        guest.run_program("sh")\n'
+        "    pool.create()\n"
+    ),
+    "tests/backend/test_keeper.py": "def test_x() -> None: ...\n",
+    "tests/core/test_lease.py": "def test_y() -> None: ...\n",
+    "tests/keeper_child.py": "WAYS = ()\n",
     # leaves out guest/ and local/ from the concept counts
     "langflow_sandbox_createos/local/store.py": (
         'EXEC_GRACE_SECONDS = 1\ndef view() -> dict:\n    return {"shape": 1, "rootfs": 2, "auto_pause_after_seconds": 3}\n'
@@ -91,9 +111,18 @@ def result(cm: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> d
 
 def test_sizes_per_folder(result: dict[str, Any]) -> None:
     folders = {f["folder"]: (f["modules"], f["lines"]) for f in result["python"]["folders"]}
-    assert folders == {"(root)": (2, 9), "backend/": (2, 22), "core/": (2, 9), "local/": (1, 3)}
-    assert result["python"]["total_modules"] == 7
-    assert result["python"]["longest_functions"][0] == {"name": "settings.py:api_key", "line": 2, "lines": 5}
+    assert folders == {
+        "(root)": (2, 9),
+        "backend/": (2, 22),
+        "core/": (2, 9),
+        "executor/": (1, 13),
+        "local/": (1, 3),
+    }
+    assert result["python"]["total_modules"] == 8
+    assert result["python"]["longest_functions"][:2] == [
+        {"name": "executor/run.py:run", "line": 1, "lines": 13},
+        {"name": "settings.py:api_key", "line": 2, "lines": 5},
+    ]
     assert result["duplicates"]["trees"][0]["pairs"] is None
 
 
@@ -143,10 +172,27 @@ def test_concepts(result: dict[str, Any]) -> None:
     ]
 
 
+def test_a_guests_life_by_hand(result: dict[str, Any]) -> None:
+    concepts = result["concepts"]
+    assert [(p["where"], p["how"]) for p in concepts["guest_creates"]] == [
+        ("executor/run.py:10", "run_program without sandbox_id"),
+        ("executor/run.py:6", "endpoint.client.create"),
+    ]
+    assert [p["how"] for p in concepts["admission_blocks"]] == [
+        "line.enter",
+        "self.backend_line.try_enter_spare",
+    ]
+    assert [p["where"] for p in concepts["error_mappings"]] == ["executor/run.py:7"]
+    assert [p["where"] for p in concepts["error_mapping_uses"]] == ["executor/run.py:9"]
+    assert concepts["keeper_test_files"] == ["tests/backend/test_keeper.py", "tests/core/test_lease.py"]
+
+
 def test_markdown_and_cli(cm: ModuleType, result: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     text = cm.markdown(result)
     assert "| import circles, eager edges only | 0 |" in text
     assert "- backend/pool.py:13 -> backend/run.py (lazy)" in text
+    assert "| admission blocks (places / modules) | 2 / 1 |" in text
+    assert "| keeper test files | 2 |" in text
     with pytest.raises(SystemExit):
         cm.main([str(Path(cm.__file__).parent)])  # scripts/ has no package folder
     assert "has no langflow_sandbox_createos/ folder" in capsys.readouterr().err

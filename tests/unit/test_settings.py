@@ -131,6 +131,20 @@ def test_api_key_sources_and_repr():
         settings.api_key({})
 
 
+def test_the_missing_key_advice_reads_the_url_from_the_mapping_it_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """api_key(environ) chose its advice from os.environ's base URL, whatever `environ` said
+    (issue 44): a mapping that names a createos-local gets that advice, one that names CreateOS
+    the account's, whatever this process's environment holds."""
+    monkeypatch.delenv("CREATEOS_SANDBOX_BASE_URL", raising=False)
+    with pytest.raises(SettingsError, match=r"key of the createos-local at http://127\.0\.0\.1:9"):
+        settings.api_key({"CREATEOS_SANDBOX_BASE_URL": "http://127.0.0.1:9"})
+    monkeypatch.setenv("CREATEOS_SANDBOX_BASE_URL", "http://127.0.0.1:9")
+    with pytest.raises(SettingsError, match="Create a key at"):
+        settings.api_key({"CREATEOS_SANDBOX_BASE_URL": "https://api.createos.example"})
+
+
 @pytest.mark.parametrize("bad", ["abc\ndef", "abc def", "clé", "abc\r\nX-Evil: 1", "a\x00b"])
 def test_api_key_header_injection_refused(bad):
     with pytest.raises(SettingsError, match="cannot be sent in an HTTP header") as info:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import engine
 from langflow_sandbox_createos.core import settings
 from langflow_sandbox_createos.core.settings import SettingsError
 
@@ -24,14 +24,14 @@ def test_whole_numbers(text: str, number: int) -> None:
 def test_check_timeout_refuses_what_is_not_ascii_digits(value: str) -> None:
     # e8f911e: "٣" was accepted as 3 and "--5" raised int()'s own "invalid literal" message
     with pytest.raises(ValueError) as info:
-        sandbox_run.check_timeout(value)
+        engine.check_timeout(value)
     assert str(info.value) == f"Timeout (seconds) must be a whole number of seconds, not {value!r}."
 
 
 def test_check_timeout_range_message_for_signed_strings() -> None:
     with pytest.raises(ValueError, match="between 1 and 3600; got -5"):
-        sandbox_run.check_timeout("-5")
-    assert sandbox_run.check_timeout("+15") == 15
+        engine.check_timeout("-5")
+    assert engine.check_timeout("+15") == 15
 
 
 @pytest.mark.parametrize("parse", [settings.backend_settings, settings.executor_settings])
@@ -53,4 +53,4 @@ def test_component_max_output_bytes_has_a_maximum(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setenv("CREATEOS_SANDBOX_MAX_OUTPUT_BYTES", str(2**64))
     with pytest.raises(SandboxUnavailableError, match="above the maximum of 1073741824"):
-        sandbox_run._max_output_bytes()
+        engine._max_output_bytes()

@@ -13,8 +13,7 @@ from lfx.schema.data import Data
 from lfx.schema.dataframe import DataFrame
 
 from langflow_sandbox_createos import DOCS_URL
-from langflow_sandbox_createos.component import artifacts, policy
-from langflow_sandbox_createos.component import engine as sandbox_run
+from langflow_sandbox_createos.component import artifacts, engine, policy
 from langflow_sandbox_createos.core.settings import DEFAULT_COMPONENT_SHAPE, MAX_TIMEOUT_SECONDS
 
 # Loaded by Langflow when it discovers the extension, before any run applies tweaks.
@@ -54,7 +53,7 @@ class CreateOSSandboxComponent(Component):
                 "CREATEOS_SANDBOX_REUSE_IDLE_SECONDS (default 1 h) is deleted. A run with no Langflow user "
                 "gets a fresh guest."
             ),
-            options=list(sandbox_run.REUSE_MODES),
+            options=list(engine.REUSE_MODES),
             value="off",
         ),
         BoolInput(
@@ -103,9 +102,9 @@ class CreateOSSandboxComponent(Component):
     def _pre_run_setup(self) -> None:
         super()._pre_run_setup()
         self._createos_lock = threading.Lock()
-        self._createos_result: sandbox_run.RunOutcome | BaseException | None = None
+        self._createos_result: engine.RunOutcome | BaseException | None = None
 
-    def _outcome(self) -> sandbox_run.RunOutcome:
+    def _outcome(self) -> engine.RunOutcome:
         """The run of this build, executed at most once whichever output asks first; a failure
         is remembered too, so resolving the other output never starts a second guest."""
         if not hasattr(self, "_createos_lock"):
@@ -121,7 +120,7 @@ class CreateOSSandboxComponent(Component):
             raise result
         return result
 
-    def _request(self) -> sandbox_run.RunRequest:
+    def _request(self) -> engine.RunRequest:
         code = self.python_code
         fields = {
             "python_code": self._verbatim("python_code", str(getattr(code, "text", code) or "")),
@@ -136,9 +135,9 @@ class CreateOSSandboxComponent(Component):
         user_id = getattr(self, "_user_id", None)  # set by Langflow, or by a caller without a graph
         if getattr(self, "_vertex", None) is not None:
             flow_id = self.graph.flow_id
-            user_id = sandbox_run.run_owner(self.graph, self.user_id)  # the end user, where served to one
+            user_id = engine.run_owner(self.graph, self.user_id)  # the end user, where served to one
             session_id = self.graph.session_id
-        return sandbox_run.build_request(
+        return engine.build_request(
             fields, component_id=str(self._id), flow_id=flow_id, user_id=user_id, session_id=session_id
         )
 
@@ -157,11 +156,11 @@ class CreateOSSandboxComponent(Component):
             return raw
         return value
 
-    def _execute(self) -> sandbox_run.RunOutcome:
+    def _execute(self) -> engine.RunOutcome:
         self._check_policy()
         request = self._request()
-        progress = sandbox_run.Progress(self)
-        outcome = sandbox_run.run(request, on_output=progress.on_output, note=progress.note)
+        progress = engine.Progress(self)
+        outcome = engine.run(request, on_output=progress.on_output, note=progress.note)
         self.status = Data(data=outcome.results(), text_key="result")
         return outcome
 
@@ -186,8 +185,3 @@ class CreateOSSandboxComponent(Component):
         if not rows:
             return DataFrame(columns=list(artifacts.ROW_COLUMNS))
         return DataFrame(rows)
-
-
-# The progress display lives beside the engine, so the executor's host can record what it
-# shows for a node that runs in a guest (executor_sandbox) and the guest can replay it.
-_Progress = sandbox_run.Progress

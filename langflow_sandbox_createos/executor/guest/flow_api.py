@@ -82,7 +82,7 @@ async def _by_folder(**_: Any) -> list[Any]:
 
 class _ShippedFlows:
     """Langflow's flow lookups, answered from the flows the host resolved for this run
-    (executor_flows.resolve), with the validation and errors of `langflow.helpers.flow`. Each
+    (executor/flows.py, resolve), with the validation and errors of `langflow.helpers.flow`. Each
     public method stands in for the function of the same name (see `api`)."""
 
     def __init__(self, catalogue: dict[str, Any]) -> None:

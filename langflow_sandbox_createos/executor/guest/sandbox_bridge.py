@@ -196,8 +196,7 @@ def _bridge_component(bridge: _SandboxBridge) -> None:
     guest still validates its fields and renders the outcome, as in-process."""
     import base64 as b64
 
-    from langflow_sandbox_createos.component import artifacts
-    from langflow_sandbox_createos.component import engine as sandbox_run
+    from langflow_sandbox_createos.component import artifacts, engine
 
     def run(req: Any, *, on_output: Any = None, note: Any = None) -> Any:
         flow_id = None if req.flow_id == "noflow" else req.flow_id
@@ -205,7 +204,7 @@ def _bridge_component(bridge: _SandboxBridge) -> None:
         answer = bridge.call("component", flow_id=flow_id, vertex=req.component_id, **fields)
         shown = answer.get("progress") or {}
         progress = getattr(on_output, "__self__", None)  # the component's own progress display
-        if isinstance(progress, sandbox_run.Progress):
+        if isinstance(progress, engine.Progress):
             progress.replay(list(shown.get("logs") or []), str(shown.get("tail") or ""))
         data = dict(answer.get("outcome") or {})
         files = [
@@ -214,6 +213,6 @@ def _bridge_component(bridge: _SandboxBridge) -> None:
             )
             for f in data.pop("files", [])
         ]
-        return sandbox_run.RunOutcome(**data, files=files)
+        return engine.RunOutcome(**data, files=files)
 
-    sandbox_run.run = run
+    engine.run = run
