@@ -29,10 +29,12 @@ AFTER_FORK = (
     "warm pools",  # core/warm_pool.py: pooled guests and refill workers
     "guest deletes",  # core/lease.py: deletes running in threads
     "bridge threads",  # executor/bridge.py: the bridge's thread pool
+    "reused guests",  # executor/reuse.py: the warm executor's guests per trust domain
 )
 AT_EXIT = (
     "guest deletes",  # core/lease.py: wait a little for deletes running in threads
     "warm pools",  # core/warm_pool.py: delete every pooled guest
+    "reused guests",  # executor/reuse.py: delete every reused executor guest
     "delete outcomes",  # core/connection.py: drain the background deletes, log each outcome
 )
 

@@ -480,6 +480,9 @@ class ExecutorSettings:
     warm_pool_idle_seconds: int = 300
     max_guests: int = DEFAULT_EXECUTOR_MAX_GUESTS
     max_wait_seconds: int = DEFAULT_MAX_WAIT_SECONDS
+    reuse: bool = False
+    reuse_idle_seconds: int = 300
+    reuse_max_runs: int = 4
 
 
 def validate_address_rule(rule: str, setting: str) -> str:
@@ -558,5 +561,12 @@ def executor_settings(environ: Mapping[str, str] | None = None) -> ExecutorSetti
             minimum=0,
             maximum=MAX_TIMEOUT_SECONDS,
             environ=environ,
+        ),
+        reuse=parse_bool("CREATEOS_EXECUTOR_REUSE", False, environ),
+        reuse_idle_seconds=parse_int(
+            "CREATEOS_EXECUTOR_REUSE_IDLE_SECONDS", 300, minimum=30, maximum=86400, environ=environ
+        ),
+        reuse_max_runs=parse_int(
+            "CREATEOS_EXECUTOR_REUSE_MAX_RUNS", 4, minimum=1, maximum=32, environ=environ
         ),
     )

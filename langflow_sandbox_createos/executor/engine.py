@@ -25,9 +25,10 @@ from lfx.utils.sandbox.base import SandboxExecutionError
 
 from langflow_sandbox_createos.core import connection, lease
 from langflow_sandbox_createos.core.settings import ExecutorSettings
-from langflow_sandbox_createos.executor import pool
+from langflow_sandbox_createos.executor import pool, reuse
 from langflow_sandbox_createos.executor.bridge import SandboxBridge
 from langflow_sandbox_createos.executor.framing import ONCE
+from langflow_sandbox_createos.executor.guest.zygote import EXIT_NO_ZYGOTE
 from langflow_sandbox_createos.executor.replay import HostReplay
 from langflow_sandbox_createos.executor.results import GuestStatus, decode_outputs, decode_vertex
 from langflow_sandbox_createos.executor.run import (
@@ -37,7 +38,7 @@ from langflow_sandbox_createos.executor.run import (
     run_failure,
     version_text,
 )
-from langflow_sandbox_createos.executor.spec import guest_knowledge, run_spec
+from langflow_sandbox_createos.executor.spec import REPLY_DIR, guest_knowledge, run_spec
 from langflow_sandbox_createos.executor.timeline import Timeline
 from langflow_sandbox_createos.executor.tracing import HostTrace
 
@@ -76,7 +77,9 @@ class CreateOSExecutor(Executor):
         failure: BaseException | None = None
         try:
             early: list[tuple[str, Any]] = []
-            if cfg.warm_pool and "install" not in spec:
+            if cfg.reuse and "install" not in spec:
+                run, early = await _take_reused(endpoint, cfg, spec, unit.graph, timeline)
+            if run is None and cfg.warm_pool and "install" not in spec:
                 run, early = await _take_warm(endpoint, cfg, spec, timeline)
             if run is None:
                 run = _Run(endpoint, cfg, spec)
@@ -109,8 +112,9 @@ class CreateOSExecutor(Executor):
 
     @staticmethod
     def shutdown() -> None:
-        """Delete every pooled guest of this process now (interpreter exit does it too)."""
+        """Delete every pooled and reused guest of this process now (interpreter exit does it too)."""
         pool.shutdown()
+        reuse.domains.shutdown()
 
 
 class _GuestFrames:
@@ -202,6 +206,7 @@ class _GuestFrames:
             lfx_version=lfx_version,
             installed=bool(frame.get("installed")),
             pooled=self.run.pooled,
+            reused=self.run.reused is not None,
         )
 
     def outputs(self, result: Any) -> list[Any]:
@@ -277,7 +282,11 @@ def _log_run(
         "CreateOS executor: flow %s ran on guest %s%s in %.2f s: %s%s",
         spec.get("flow_id") or "(no id)",
         (run.sandbox_id if run is not None else None) or "(none)",
-        " (pooled)" if run is not None and run.pooled else "",
+        " (pooled)"
+        if run is not None and run.pooled
+        else " (reused)"
+        if run is not None and run.reused
+        else "",
         time.monotonic() - started,
         status,
         sandboxed,
@@ -290,6 +299,42 @@ async def _reports(run: _Run, early: list[tuple[str, Any]]) -> AsyncIterator[tup
         yield item
     while True:
         yield await run.queue.get()
+
+
+async def _take_reused(
+    endpoint: connection.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any], graph: Any, timeline: Timeline
+) -> tuple[_Run | None, list[tuple[str, Any]]]:
+    """The run on a reused guest of its trust domain (``reuse.py``), once the guest's warm
+    runner has forked it (its first report is in hand); (None, []) when the run has no domain
+    (no flow id or no owner: it gets a throwaway guest). A guest whose warm runner is gone is
+    replaced, once, before anything of the run ran on it."""
+    key = reuse.domain_key(
+        endpoint, cfg, forwarded_env(cfg), spec.get("flow_id"), reuse.run_owner(graph, spec)
+    )
+    if key is None:
+        logger.debug("CreateOS executor: a run without a flow id or an owner gets a guest of its own")
+        return None, []
+    for _ in range(2):
+        warm = await reuse.domains.acquire(key)
+        timeline.mark("take")
+        run = _Run(endpoint, cfg, spec, reused=warm)
+        spec["reply_dir"] = f"{REPLY_DIR}/{run.token[:16]}"  # the run's own, in a shared guest
+        try:
+            run.start_exec(await run.stage())
+            first = await run.queue.get()
+        except BaseException:
+            run.close_soon()
+            raise
+        if first[0] == "end" and getattr(first[1], "exit_code", None) == EXIT_NO_ZYGOTE:
+            logger.info(
+                "CreateOS executor: reused guest %s has no warm runner; using another", warm.sandbox_id
+            )
+            run.close_soon()  # the guest goes (nothing of the run ran on it)
+            continue
+        return run, [first]
+    raise SandboxExecutionError(
+        "CreateOS executor: two reused guests of this flow had no warm runner in a row; the run was not started."
+    )
 
 
 async def _take_warm(

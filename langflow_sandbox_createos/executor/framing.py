@@ -53,6 +53,7 @@ FRAME_TYPES: dict[str, tuple[int, bool]] = {
     "install_failed": (64 * _KIB, False),
     "fatal": (64 * _KIB, False),
     "delete": (64 * _KIB, False),
+    "zygote": (64 * _KIB, True),  # a reused guest's warm runner is up (its start exec only)
     "vertex": (1 * _MIB, False),
     "event": (4 * _MIB, False),
     "store": (4 * _MIB, False),

@@ -90,7 +90,7 @@ def _spec_wait(idle_seconds: int) -> int:
 
 
 @functools.lru_cache(maxsize=1)
-def _warm_flow() -> dict[str, Any] | None:
+def warm_flow() -> dict[str, Any] | None:
     """ChatInput -> ChatOutput as flow JSON, which a waiting runner rebuilds (never runs)."""
     try:
         from lfx.components.input_output import ChatInput, ChatOutput
@@ -110,7 +110,7 @@ def _wait_json(seconds: float) -> str:
     """What a pooled runner waits for and how, with the warm-up flow (about 24 KB, encoded
     once per process and wait)."""
     return compact_json(
-        {"path": SPEC_PATH, "seconds": seconds, "poll": POLL_SECONDS, "warm_flow": _warm_flow()}
+        {"path": SPEC_PATH, "seconds": seconds, "poll": POLL_SECONDS, "warm_flow": warm_flow()}
     )
 
 

@@ -24,6 +24,7 @@ class GuestStatus:
     lfx_version: str | None
     installed: bool
     pooled: bool = False  # the guest came from CREATEOS_EXECUTOR_WARM_POOL
+    reused: bool = False  # a reused guest of the run's trust domain (CREATEOS_EXECUTOR_REUSE)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
@@ -29,6 +29,13 @@ from langflow_sandbox_createos.core.native import load_native
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, spec_mac, tail
 from langflow_sandbox_createos.executor.guest import BOOTSTRAP, runner_source
+from langflow_sandbox_createos.executor.guest.zygote import (
+    CONNECTOR,
+    EXIT_NO_ZYGOTE,
+    EXIT_ZYGOTE_LOST,
+    KILL_RUN,
+    ZYGOTE_SOCKET,
+)
 from langflow_sandbox_createos.executor.reader import FrameReader
 from langflow_sandbox_createos.executor.spec import REPLY_DIR, encode_runtime
 from langflow_sandbox_createos.executor.timeline import Timeline
@@ -49,6 +56,8 @@ SPEC_PATH = "/tmp/.createos-run/spec"
 # How long a pooled runner may take to confirm it picked up the uploaded spec.
 ACCEPT_SECONDS = 30.0
 # How long closing the stream waits for the guest delete before returning anyway.
+# How long a reused run closed early may take to end by itself before it is killed in its guest.
+GIVE_BACK_GRACE_SECONDS = 1.0
 CLOSE_WAIT_SECONDS = 5.0
 STDERR_KEEP_CHARS = 16000
 
@@ -72,8 +81,15 @@ def runner_stdin(token: str, **fields: str) -> str:
     """The runner's stdin document: its program, the run's frame secret, and `fields`, each
     given as JSON text already. The program (about 60 KB) is encoded once per process, and a
     caller can keep the encoding of other parts that do not change (the warm-up flow)."""
-    parts = [f'"runner":{_runner_json()}', f'"token":{json.dumps(token)}']
-    parts += [f"{json.dumps(name)}:{text}" for name, text in fields.items()]
+    return boot_stdin(token, runner=_runner_json(), **fields)
+
+
+def boot_stdin(token: str, **fields: str) -> str:
+    """A run's boot document without the program: what a reused guest's warm runner, which has
+    the program already, reads for each run (with `runner`: a cold runner's)."""
+    parts = [f"{json.dumps(name)}:{text}" for name, text in fields.items() if name == "runner"]
+    parts.append(f'"token":{json.dumps(token)}')
+    parts += [f"{json.dumps(name)}:{text}" for name, text in fields.items() if name != "runner"]
     return "{" + ",".join(parts) + "}"
 
 
@@ -100,6 +116,14 @@ def forwarded_env(cfg: ExecutorSettings) -> dict[str, str]:
 # --- one run ------------------------------------------------------------------------------
 
 
+class ReusedGuest(Protocol):
+    """A reused guest of a run's trust domain (``reuse.WarmGuest``), as a run sees it."""
+
+    lease: Lease
+
+    def give_back(self, *, gone: bool) -> None: ...
+
+
 class _Run:
     """Everything one execute() call owns: the guest's lease, the exec thread and its event
     queue."""
@@ -112,15 +136,25 @@ class _Run:
         *,
         pooled: Lease | None = None,
         spec_wait: float = 0.0,
+        reused: ReusedGuest | None = None,
     ) -> None:
         """``pooled``: the warm pool's guest this run's exec starts on, ahead of any run
-        (``spec_wait``: how long its runner may wait for a spec, a phase of the run's budget)."""
+        (``spec_wait``: how long its runner may wait for a spec, a phase of the run's budget).
+        ``reused``: a reused guest of the run's trust domain (``reuse.py``), whose warm runner
+        forks the run: the guest outlives the run."""
         self.endpoint = endpoint
         self.cfg = cfg
         self.spec = spec
         self.token = new_token()
-        self.lease = pooled
+        self.reused = reused
+        self.lease = reused.lease if reused is not None else pooled
         self.pooled = pooled is not None
+        # how the exec starts the run: the bootstrap with the whole runner, or a reused guest's connector
+        self.argv = ["-c", CONNECTOR, ZYGOTE_SOCKET] if reused is not None else ["-c", BOOTSTRAP]
+        self.exec_result: Any = None  # the exec's end, once its thread has it
+        self.exec_error: BaseException | None = None
+        self.exec_done = threading.Event()  # the exec's thread has its end (result or error)
+        self.guest_process: tuple[int, int] | None = None  # a reused run's (pid, start time), from hello
         # A pooled guest's exec starts before any run (and any event loop) owns it: until
         # attach(), what it reports is kept in `early` and `warm_state` says how far it got.
         self.loop: asyncio.AbstractEventLoop | None = None if self.pooled else asyncio.get_running_loop()
@@ -195,11 +229,66 @@ class _Run:
         if self.lease is not None and self.lease.end(self._delete_failed):
             self._deleted()
 
+    def _gone(self) -> bool:
+        """Whether the reused guest this run used is gone: its exec failed on the way (the guest
+        was deleted or paused, the stream broke), or its connector found no warm runner (75) or
+        lost it (70)."""
+        if self.exec_error is not None:
+            return True
+        code = getattr(self.exec_result, "exit_code", None)
+        return code in (EXIT_NO_ZYGOTE, EXIT_ZYGOTE_LOST)
+
+    def _give_back(self, then: Callable[[], None] | None) -> None:
+        """A reused run is over: the guest goes back to its domain (or is deleted if gone). A
+        run whose exec has ended is given back at once, so the next run of the domain finds the
+        guest free; one still going in the guest (closed early) gets GIVE_BACK_GRACE_SECONDS to
+        end by itself, then its process group (only its own) is killed there, off the caller's
+        path."""
+        reused = self.reused
+        assert reused is not None
+
+        def finish(ended: bool = True) -> None:
+            reused.give_back(gone=not ended or self._gone())
+            if then is not None:
+                then()
+
+        if self.exec_done.is_set():
+            finish()
+            return
+
+        def work() -> None:
+            ended = False
+            try:
+                ended = self.exec_done.wait(GIVE_BACK_GRACE_SECONDS) or self._kill_in_guest()
+            finally:
+                finish(ended)  # a run not known to be ended: its guest is deleted, never reused
+
+        threading.Thread(target=work, name="createos-executor-give-back", daemon=True).start()
+
+    def _kill_in_guest(self) -> bool:
+        """Kill the process group of this run's process in its reused guest, if that process is
+        still the one that said hello (its start time), never another run's. Whether the run is
+        known to be ended (else its guest must not serve another run)."""
+        if self.guest_process is None:
+            return self.exec_done.wait(CLOSE_WAIT_SECONDS)  # it never started: its exec ends
+        pid, started = self.guest_process
+        try:
+            out = self.guest.exec(PYTHON, ["-c", KILL_RUN, str(pid), str(started)], timeout=60, stream=False)
+        except Exception as exc:  # the guest is gone (or unreachable): delete it
+            logger.debug(
+                "CreateOS executor: could not end a run in reused guest %s: %s", self.sandbox_id, exc
+            )
+            return False
+        return out.exit_code == 0
+
     def close_soon(self, then: Callable[[], None] | None = None) -> None:
         """Stop reading and delete the guest (which also ends a running exec) in a worker
         thread, off the caller's path; `then` runs once the delete returned (at once when
         there is no guest). Interpreter exit waits a little for deletes still running."""
         self._closed.set()
+        if self.reused is not None:
+            self._give_back(then)
+            return
         if self.lease is None:
             if then is not None:
                 then()
@@ -262,6 +351,10 @@ class _Run:
 
     # -- the exec, on its own thread ----------------------------------------------------
     def _push(self, kind: str, item: Any) -> None:
+        if kind == "frame" and item.get("t") == "hello" and self.guest_process is None:
+            pid, started = item.get("pid"), item.get("start")
+            if isinstance(pid, int) and isinstance(started, int) and pid > 1:
+                self.guest_process = (pid, started)
         if self._closed.is_set():
             return
         if not self.attached:
@@ -319,7 +412,7 @@ class _Run:
             with failures.native_errors("run the flow in the executor guest"):
                 result = self.guest.exec(
                     PYTHON,
-                    ["-c", BOOTSTRAP],
+                    self.argv,
                     stdin=stdin,
                     timeout=self.exec_timeout,
                     max_output_bytes=self.cfg.max_output_bytes,
@@ -330,9 +423,13 @@ class _Run:
                 reader.feed(result.stdout)
                 self._on_stderr(result.stderr)
             reader.close()
+            self.exec_result = result
             self._push("end", result)
         except BaseException as exc:  # never lose an exception on this thread
+            self.exec_error = exc
             self._push("error", exc)
+        finally:
+            self.exec_done.set()
 
     def _wire_spec(self) -> dict[str, Any]:
         assert self.spec is not None
@@ -355,9 +452,11 @@ class _Run:
         return True
 
     async def stage(self) -> str:
-        """The exec's stdin; a large spec is uploaded first and only its path travels on stdin."""
+        """The exec's stdin; a large spec is uploaded first and only its path travels on stdin.
+        A reused guest's warm runner has the program: its stdin is the boot document alone."""
+        boot = boot_stdin if self.reused is not None else runner_stdin
         spec_json = compact_json(self._wire_spec())
-        stdin = runner_stdin(self.token, spec=spec_json)
+        stdin = boot(self.token, spec=spec_json)
         if len(stdin) <= STDIN_SPEC_MAX_BYTES:
             return stdin
         path = f"{SPEC_DIR}/{guest_spec.random_name('s')}.json"
@@ -367,14 +466,20 @@ class _Run:
         data = compact_json(wire).encode()
         with failures.native_errors("upload the run spec to the executor guest"):
             await asyncio.to_thread(self.guest.upload, path, data)
-        return runner_stdin(self.token, spec_path=json.dumps(path), secret=compact_json(secret))
+        return boot(self.token, spec_path=json.dumps(path), secret=compact_json(secret))
 
     async def reply(self, name: str, answer: Mapping[str, Any]) -> None:
         """Answer a request the guest waits on (`reply-<n>`: a stored message's id; `sandbox-<n>`:
         a sandboxed node's result) with a file in its reply directory."""
         data = json.dumps(dict(answer), separators=(",", ":")).encode()
         with failures.native_errors("answer a request of the executor guest"):
-            await asyncio.to_thread(self.guest.upload, f"{REPLY_DIR}/{name}", data)
+            await asyncio.to_thread(self.guest.upload, f"{self.reply_dir}/{name}", data)
+
+    @property
+    def reply_dir(self) -> str:
+        """Where the guest waits for this run's answers (a reused guest's runs: one each)."""
+        chosen = self.spec.get("reply_dir") if self.spec is not None else None
+        return chosen if isinstance(chosen, str) else REPLY_DIR
 
     def start_exec(self, stdin: str) -> None:
         threading.Thread(

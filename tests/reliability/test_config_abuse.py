@@ -68,6 +68,9 @@ VARS: tuple[Var, ...] = (
     Var("CREATEOS_EXECUTOR_PIP", "free", ("executor",), ()),
     Var("CREATEOS_EXECUTOR_LFX_VERSION", "free", ("executor",), None),
     Var("CREATEOS_EXECUTOR_ENV", "envnames", ("executor",), ()),
+    Var("CREATEOS_EXECUTOR_REUSE", "bool", ("executor",), False),
+    Var("CREATEOS_EXECUTOR_REUSE_IDLE_SECONDS", "int", ("executor",), 300),
+    Var("CREATEOS_EXECUTOR_REUSE_MAX_RUNS", "int", ("executor",), 4),
     Var("CREATEOS_EXECUTOR_MAX_GUESTS", "int", ("executor",), settings.DEFAULT_EXECUTOR_MAX_GUESTS),
     Var("CREATEOS_EXECUTOR_MAX_WAIT_SECONDS", "int", ("executor",), settings.DEFAULT_MAX_WAIT_SECONDS),
 )
@@ -199,6 +202,9 @@ def test_blank_value_means_the_documented_default(var: Var, label: str, monkeypa
             "CREATEOS_EXECUTOR_ENV": cfg.env_allowlist,
             "CREATEOS_EXECUTOR_MAX_GUESTS": cfg.max_guests,
             "CREATEOS_EXECUTOR_MAX_WAIT_SECONDS": cfg.max_wait_seconds,
+            "CREATEOS_EXECUTOR_REUSE": cfg.reuse,
+            "CREATEOS_EXECUTOR_REUSE_IDLE_SECONDS": cfg.reuse_idle_seconds,
+            "CREATEOS_EXECUTOR_REUSE_MAX_RUNS": cfg.reuse_max_runs,
         }[var.name]
         assert got == var.default
         if var.name != "CREATEOS_SANDBOX_ROOTFS":

@@ -54,6 +54,9 @@ def code_defaults() -> dict[str, object]:
         "CREATEOS_EXECUTOR_ENV": lambda: executor.env_allowlist,
         "CREATEOS_EXECUTOR_WARM_POOL": lambda: executor.warm_pool,
         "CREATEOS_EXECUTOR_WARM_POOL_IDLE_SECONDS": lambda: executor.warm_pool_idle_seconds,
+        "CREATEOS_EXECUTOR_REUSE": lambda: executor.reuse,
+        "CREATEOS_EXECUTOR_REUSE_IDLE_SECONDS": lambda: executor.reuse_idle_seconds,
+        "CREATEOS_EXECUTOR_REUSE_MAX_RUNS": lambda: executor.reuse_max_runs,
         "CREATEOS_EXECUTOR_MAX_GUESTS": lambda: executor.max_guests,
         "CREATEOS_EXECUTOR_MAX_WAIT_SECONDS": lambda: executor.max_wait_seconds,
     }

@@ -14,7 +14,8 @@ the host (`executor/framing.py`), then this folder's modules, one job each:
 - `tracing.py`: lfx's tracing calls, relayed to the host's tracing service;
 - `flow_api.py`: Langflow's flow lookups, answered from the flows the host shipped;
 - `graph_run.py`: the flow rebuilt, run and harvested;
-- `main.py`: the entry point (a cold run, or a pooled runner waiting for its spec).
+- `main.py`: the entry point (a cold run, or a pooled runner waiting for its spec);
+- `zygote.py`: a warm runner serving the runs of one trust domain (`zygote_main`).
 
 Each module uses only the standard library at import time (lfx is imported inside functions,
 once it is known to be there), and may import names from the modules before it in the order:
@@ -31,10 +32,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import ast
 
-# The bootstrap reads one JSON document from stdin: {"runner": source, "token": hex, "spec": {...}}.
+# The bootstrap reads one JSON document from stdin: {"runner": source, "token": hex, "spec": {...}}
+# and calls `main` (or the function `entry` names: `zygote_main`).
 BOOTSTRAP = (
     "import json,sys;b=json.loads(sys.stdin.buffer.read());g={'__name__':'__createos_runner__'};"
-    "exec(compile(b.pop('runner'),'createos-runner.py','exec'),g);g['main'](b)"
+    "exec(compile(b.pop('runner'),'createos-runner.py','exec'),g);g[b.pop('entry','main')](b)"
 )
 
 # The runner's modules, in the order of its text: each may import from those before it only.
@@ -49,6 +51,7 @@ RUNNER_MODULES = (
     "langflow_sandbox_createos.executor.guest.flow_api",
     "langflow_sandbox_createos.executor.guest.graph_run",
     "langflow_sandbox_createos.executor.guest.main",
+    "langflow_sandbox_createos.executor.guest.zygote",
 )
 
 

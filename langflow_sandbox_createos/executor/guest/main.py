@@ -81,8 +81,18 @@ def _start(key: bytes) -> Frames:
     frames = Frames(_isolate_stdout(), key)
     # The guest runs the flow itself; it must never hand the graph to another executor.
     os.environ["LANGFLOW_EXECUTOR_KIND"] = "in-process"
-    frames.emit("hello", python=sys.version.split()[0], pid=os.getpid())
+    frames.emit("hello", python=sys.version.split()[0], pid=os.getpid(), start=_start_time())
     return frames
+
+
+def _start_time() -> int | None:
+    """This process's start time in clock ticks (/proc/self/stat's 22nd field): with the pid,
+    what names this very process (the host ends a reused guest's run by it, never another)."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _run(frames: Frames, spec: dict[str, Any]) -> None:

@@ -1,0 +1,195 @@
+"""A warm runner that serves many runs of one trust domain (`CREATEOS_EXECUTOR_REUSE`).
+
+Started once per reused guest by an exec whose stdin carries the runner and `zygote` (where
+to listen, how long to stay idle): it imports lfx and everything a run imports, listens on a
+Unix socket in a directory only it can enter, reports `zygote` (ready, lfx's version) on its
+frame channel, and leaves the exec (a daemon of its own session) so the exec returns.
+
+Each run is then one exec of `CONNECTOR`, whose stdin carries that run's boot document (its
+frame secret and spec) exactly as a cold run's does: the connector hands the zygote its own
+stdin, stdout and stderr (SCM_RIGHTS) and waits; the zygote forks a child, which takes those
+descriptors as its own and runs `_cold` as a cold runner would, and reports the child's exit
+status back, which the connector exits with. So each run has its own exec stream, frames,
+stderr, secret, watchdog and exit status, and pays neither a boot nor lfx's import. A run
+whose connector goes away (its exec was closed: the run was cancelled or timed out on the
+host) has its process group killed. Nothing of one run's secret or spec passes through the
+zygote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+from langflow_sandbox_createos.executor.guest.install import _ensure_lfx, _lfx_version
+from langflow_sandbox_createos.executor.guest.main import _cold, _preload, _start
+from langflow_sandbox_createos.executor.guest.sandbox_bridge import _SANDBOX_SEAMS
+
+ZYGOTE_SOCKET = "/tmp/.createos-zygote/runner.sock"  # in a directory only the warm runner enters
+ZYGOTE_MAX_RUNS = 64  # runs of one guest at once (the host bounds them lower)
+ZYGOTE_TICK_SECONDS = 0.05  # how often the loop looks for children that ended
+
+# One run: `python3 -c CONNECTOR <socket path>` with the run's boot document on stdin.
+CONNECTOR = (
+    "import os,socket,struct,sys\n"
+    "s=socket.socket(socket.AF_UNIX,socket.SOCK_STREAM)\n"
+    "try:\n s.connect(sys.argv[1])\n"
+    "except OSError:\n sys.stderr.write('createos-executor: no warm runner in this guest\\n');os._exit(75)\n"
+    "socket.send_fds(s,[b'r'],[0,1,2])\n"
+    "d=b''\n"
+    "while len(d)<4:\n c=s.recv(4-len(d))\n if not c:\n  os._exit(70)\n d+=c\n"
+    "os._exit(struct.unpack('!i',d)[0])\n"
+)
+# The host ends a run still going in a reused guest: `python3 -c KILL_RUN <pid> <start time>`
+# kills that process's group if the process is still the run that said hello (its start time,
+# /proc/<pid>/stat's 22nd field), never a later process that got the pid. Exit 0: ended or
+# already gone; anything else: not known to be ended (the host then deletes the guest).
+KILL_RUN = (
+    "import os,signal,sys\n"
+    "pid,start=int(sys.argv[1]),sys.argv[2]\n"
+    "try:\n f=open('/proc/%d/stat'%pid).read().rsplit(')',1)[1].split()\n"
+    "except OSError:\n os._exit(0)\n"
+    "if f[19]!=start:\n os._exit(0)\n"
+    "try:\n os.killpg(pid,signal.SIGKILL)\n"
+    "except ProcessLookupError:\n pass\n"
+    "os._exit(0)\n"
+)
+EXIT_NO_ZYGOTE = 75  # the connector found no zygote: nothing of the run ran
+EXIT_ZYGOTE_LOST = 70  # the zygote went away while the run was in it
+
+
+def zygote_main(boot: dict[str, Any]) -> None:
+    """The start exec: make the warm runner, report it ready, leave it running, exit."""
+    key = bytes.fromhex(boot.pop("token"))
+    wait = boot.pop("zygote")
+    frames = _start(key)
+    del key
+    _ensure_lfx(frames)
+    _preload(wait.get("warm_flow"))
+    _SANDBOX_SEAMS.point()
+    path = str(wait["socket"])
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    if os.path.exists(path):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(ZYGOTE_MAX_RUNS)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:  # the exec's own process: report and leave
+        frames.emit("zygote", lfx=_lfx_version(), pid=pid, socket=path)
+        os._exit(0)
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.closerange(3, listener.fileno())
+    os.closerange(listener.fileno() + 1, 1 << 16)
+    _serve(listener, float(wait.get("idle_seconds", 3600)))
+
+
+class _Child:
+    def __init__(self, pid: int, conn: socket.socket) -> None:
+        self.pid = pid
+        self.conn = conn
+
+
+def _serve(listener: socket.socket, idle_seconds: float) -> None:
+    """Forks one child per connection; reports each child's exit status to its connection;
+    kills a child whose connection closed first; exits once idle for `idle_seconds`."""
+    children: dict[int, _Child] = {}  # by the connection's descriptor
+    last = time.monotonic()
+    while True:
+        watched = [listener, *(c.conn for c in children.values())]
+        ready, _, _ = select.select(watched, [], [], ZYGOTE_TICK_SECONDS)
+        for sock in ready:
+            if sock is listener:
+                _accept(listener, children)
+            else:
+                _hung_up(children.pop(sock.fileno()))
+        _reap(children)
+        if children:
+            last = time.monotonic()
+        elif time.monotonic() - last > idle_seconds:
+            os._exit(0)
+
+
+def _accept(listener: socket.socket, children: dict[int, _Child]) -> None:
+    conn, _ = listener.accept()
+    try:
+        _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+    except OSError:
+        conn.close()
+        return
+    if len(fds) != 3 or len(children) >= ZYGOTE_MAX_RUNS:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    pid = os.fork()
+    if pid == 0:
+        _child(listener, conn, fds, children)
+    for fd in fds:
+        os.close(fd)
+    children[conn.fileno()] = _Child(pid, conn)
+
+
+def _child(listener: socket.socket, conn: socket.socket, fds: list[int], children: dict[int, _Child]) -> None:
+    """The run: the connector's descriptors as its own, then a cold run's path."""
+    try:
+        os.setpgid(0, 0)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            os.close(fd)
+        listener.close()
+        conn.close()
+        for other in children.values():
+            other.conn.close()
+        sys.stdout = os.fdopen(1, "w", closefd=False)
+        sys.stderr = os.fdopen(2, "w", closefd=False)
+        with os.fdopen(0, "rb", closefd=False) as stdin:
+            boot = json.loads(stdin.read())
+        _cold(boot)
+    except BaseException as exc:  # the run could not start: say so on its own stderr
+        os.write(2, f"createos-executor: the warm runner's run failed to start: {exc!r}\n".encode())
+    os._exit(1)
+
+
+def _hung_up(child: _Child) -> None:
+    """The run's connector went away first (the host closed its exec): end the run."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(child.pid, 0)
+    child.conn.close()
+
+
+def _reap(children: dict[int, _Child]) -> None:
+    """Children that ended: their exit status to their connector (128 + signal if killed)."""
+    for key, child in list(children.items()):
+        try:
+            pid, status = os.waitpid(child.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = child.pid, 1 << 8
+        if pid == 0:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)  # what the run left running ends with it
+        with contextlib.suppress(OSError):
+            child.conn.sendall(struct.pack("!i", code))
+        child.conn.close()
+        del children[key]

@@ -1,0 +1,347 @@
+"""A warm executor per trust domain (``CREATEOS_EXECUTOR_REUSE=true``, opt-in).
+
+Off (the default), every executor run gets a guest of its own, deleted after it. On, the runs
+of one trust domain share guests that stay up between runs, each with a warm runner that has
+already imported lfx (``guest/zygote.py``): a run is one exec of a small connector, and its
+process is forked from the warm runner, so it pays neither a boot nor lfx's import.
+
+A trust domain is one flow run for one owner (the end user for a flow Langflow serves to one,
+else the executing user), under one guest policy: the guest spec (image, shape, egress rules,
+the names and values of ``CREATEOS_EXECUTOR_ENV``, endpoint) and the run's timeout and output
+cap. A run with no flow id or no owner (an anonymous served run) gets a throwaway guest, as
+with reuse off. Different flows, different owners and a changed policy never share a guest.
+
+Runs of one domain share the guest's filesystem and its processes: what a run leaves in the
+guest (files, processes it did not wait for, unless they are in its own process group, which
+is killed when the run ends) a later run of the same flow and owner can see. They never share
+anything with another flow or another owner, and each run keeps its own frame secret, spec,
+variables, reply directory and exit status.
+
+Per guest at most ``CREATEOS_EXECUTOR_REUSE_MAX_RUNS`` runs at once (more go to another guest
+of the domain, made for them); a guest with no run for ``CREATEOS_EXECUTOR_REUSE_IDLE_SECONDS``
+is deleted; every guest is held by the guest keeper from its create (``core/lease.py``), and
+this process's guests are deleted at exit (``executor.shutdown()`` too). A guest whose warm
+runner is gone (the connector finds nobody, exit 75) is replaced before anything of the run
+ran on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
+
+from langflow_sandbox_createos.core import budget, connection, failures, guest_spec, hooks
+from langflow_sandbox_createos.core.guest_spec import GuestSpec
+from langflow_sandbox_createos.core.lease import Lease
+from langflow_sandbox_createos.core.settings import ExecutorSettings
+from langflow_sandbox_createos.executor.framing import new_token, tail
+from langflow_sandbox_createos.executor.guest import BOOTSTRAP
+from langflow_sandbox_createos.executor.guest.zygote import ZYGOTE_SOCKET
+from langflow_sandbox_createos.executor.pool import warm_flow
+from langflow_sandbox_createos.executor.reader import FrameReader
+from langflow_sandbox_createos.executor.run import (
+    PYTHON,
+    ROOTFS_HINT,
+    compact_json,
+    runner_stdin,
+    version_text,
+)
+
+logger = logging.getLogger("langflow_sandbox_createos.executor")
+
+NAME_PREFIX = "lf-xr-"
+# How long a warm runner may take to start (interpreter, lfx's import, a warm-up build).
+START_TIMEOUT_SECONDS = 300.0
+# The warm runner stays this much longer than the host keeps its guest, and auto-pause more.
+IDLE_MARGIN_SECONDS = 30
+REAP_TICK_SECONDS = 5.0
+
+
+@dataclass(frozen=True, repr=False, kw_only=True)
+class DomainKey(GuestSpec):
+    """A guest spec plus the trust domain and what its warm runner serves: the runs of equal
+    keys share guests."""
+
+    flow_id: str
+    owner: str
+    timeout_seconds: int
+    idle_seconds: int
+    max_output_bytes: int
+    cfg: ExecutorSettings = field(compare=False)
+
+
+def domain_key(
+    endpoint: connection.Endpoint, cfg: ExecutorSettings, envs: dict[str, str], flow_id: Any, owner: Any
+) -> DomainKey | None:
+    """The run's trust domain, or None when it has none (no flow id, no owner): that run gets a
+    throwaway guest."""
+    if not flow_id or not owner:
+        return None
+    return DomainKey(
+        endpoint=endpoint,
+        shape=cfg.shape,
+        rootfs=cfg.rootfs,
+        egress=tuple(cfg.egress),
+        auto_pause_seconds=budget.executor(
+            cfg.timeout_seconds, spec_wait=cfg.reuse_idle_seconds + IDLE_MARGIN_SECONDS
+        ).auto_pause_seconds(),
+        envs=tuple(sorted(envs.items())),
+        flow_id=str(flow_id),
+        owner=str(owner),
+        timeout_seconds=cfg.timeout_seconds,
+        idle_seconds=cfg.reuse_idle_seconds,
+        max_output_bytes=cfg.max_output_bytes,
+        cfg=cfg,
+    )
+
+
+ANONYMOUS_SESSION_PREFIX = "anon::"  # Langflow's session of an anonymous end user's run
+
+
+def run_owner(graph: Any, spec: dict[str, Any]) -> Any:
+    """Whom a run belongs to for reuse, by the CreateOS Sandbox component's rule for Guest Reuse
+    (Langflow's rule for chat history): the end user where Langflow serves the run to one, else
+    the executing user; None for an anonymous end user's run (its session is ``anon::…``), which
+    never shares a guest."""
+    from langflow_sandbox_createos.component.engine import run_owner as component_run_owner
+
+    live = graph is not None and not isinstance(graph, (str, bytes, dict))
+    if str(spec.get("session_id") or "").startswith(ANONYMOUS_SESSION_PREFIX):
+        return None
+    return component_run_owner(graph if live else None, spec.get("user_id"))
+
+
+class WarmGuest:
+    """One reused guest: its lease, its warm runner, the runs it serves now."""
+
+    def __init__(
+        self, key: DomainKey, guest: Lease, lfx: str | None, runner_pid: int, owner: Domains
+    ) -> None:
+        self.owner = owner
+        self.runner_pid = runner_pid  # the warm runner's pid in the guest
+        self.key = key
+        self.lease = guest
+        self.lfx = lfx
+        self.runs = 0
+        self.served = 0
+        self.last_used = time.monotonic()
+        self.gone = False
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.lease.sandbox_id
+
+    def give_back(self, *, gone: bool) -> None:
+        """This guest's run ended (``gone``: the guest or its runner is gone)."""
+        self.owner.give_back(self, gone=gone)
+
+
+def _start_blocking(key: DomainKey, owner: Domains) -> WarmGuest:
+    """Create a reused guest (held at once) and start its warm runner; the guest is deleted
+    again if the runner does not start."""
+    with failures.native_errors("create the executor's reused guest"):
+        guest = Lease.create(key.endpoint, key, guest_spec.random_name(NAME_PREFIX))
+    try:
+        token = new_token()
+        frames: list[dict[str, Any]] = []
+        stderr: list[str] = []
+        reader = FrameReader(key=bytes.fromhex(token), on_frame=frames.append, on_plain=lambda line: None)
+        wait = {
+            "socket": ZYGOTE_SOCKET,
+            "idle_seconds": key.idle_seconds + IDLE_MARGIN_SECONDS,
+            "warm_flow": warm_flow(),
+        }
+        stdin = runner_stdin(token, entry=json.dumps("zygote_main"), zygote=compact_json(wait))
+        with failures.native_errors("start the reused guest's warm runner"):
+            result = guest.exec(
+                PYTHON,
+                ["-c", BOOTSTRAP],
+                stdin=stdin,
+                timeout=START_TIMEOUT_SECONDS,
+                max_output_bytes=key.max_output_bytes,
+                stream=True,
+                on_output=lambda stream, text: (
+                    reader.feed(text) if stream == "stdout" else stderr.append(text)
+                ),
+            )
+        if not result.streamed:
+            reader.feed(result.stdout)
+            stderr.append(result.stderr)
+        reader.close()
+        started = next((f for f in frames if f.get("t") == "zygote"), None)
+        if started is None:
+            if any(f.get("t") == "missing_lfx" for f in frames):
+                raise SandboxUnavailableError(
+                    f"CreateOS executor: the guest (rootfs {key.rootfs!r}) has no importable lfx, so it cannot "
+                    f"rebuild the flow. {ROOTFS_HINT}"
+                )
+            raise SandboxExecutionError(
+                f"CreateOS executor: the reused guest's warm runner did not start (exit {result.exit_code}). "
+                f"Guest stderr (tail):\n{tail(''.join(stderr), 2000)}"
+            )
+        return WarmGuest(key, guest, version_text(started.get("lfx")), int(started.get("pid") or 0), owner)
+    except BaseException:
+        guest.end(
+            lambda exc: logger.warning(
+                "CreateOS executor: could not delete guest %s: %s", guest.sandbox_id, exc
+            )
+        )
+        raise
+
+
+class Domains:
+    """This process's reused guests, by trust domain."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._guests: dict[DomainKey, list[WarmGuest]] = {}
+        self._starting: dict[DomainKey, threading.Event] = {}
+        self._reaper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def guests(self) -> Iterator[WarmGuest]:
+        with self._lock:
+            found = [g for guests in self._guests.values() for g in guests]
+        yield from found
+
+    def _take_locked(self, key: DomainKey) -> WarmGuest | None:
+        for guest in self._guests.get(key, ()):
+            if not guest.gone and guest.runs < key.cfg.reuse_max_runs:
+                guest.runs += 1
+                return guest
+        return None
+
+    async def acquire(self, key: DomainKey) -> WarmGuest:
+        """A guest of the domain with a free run, made if none is (runs that arrive while one
+        is being made wait for it: they may fit on it)."""
+        while True:
+            with self._lock:
+                found = self._take_locked(key)
+                if found is not None:
+                    return found
+                starting = self._starting.get(key)
+                if starting is None:
+                    starting = self._starting[key] = threading.Event()
+                    mine = True
+                else:
+                    mine = False
+            if not mine:
+                await asyncio.to_thread(starting.wait)
+                continue
+            try:
+                made = await asyncio.to_thread(_start_blocking, key, self)
+            finally:
+                with self._lock:
+                    self._starting.pop(key, None)
+                starting.set()
+            with self._lock:
+                made.runs = 1
+                self._guests.setdefault(key, []).append(made)
+                self._start_reaper_locked()
+            logger.info(
+                "CreateOS executor: reused guest %s is up for flow %s (warm runner, lfx %s)",
+                made.sandbox_id,
+                key.flow_id,
+                made.lfx,
+            )
+            return made
+
+    def give_back(self, guest: WarmGuest, *, gone: bool = False) -> None:
+        """A run of `guest` ended; a guest found `gone` (its runner or the guest itself) is
+        deleted, never handed out again."""
+        with self._lock:
+            guest.runs -= 1
+            guest.served += 1
+            guest.last_used = time.monotonic()
+            if gone and not guest.gone:
+                guest.gone = True
+                self._drop_locked(guest)
+            else:
+                gone = False
+        if gone:
+            self._end(guest, "its warm runner is gone")
+
+    def _drop_locked(self, guest: WarmGuest) -> None:
+        guests = self._guests.get(guest.key, [])
+        if guest in guests:
+            guests.remove(guest)
+        if not guests:
+            self._guests.pop(guest.key, None)
+
+    def _end(self, guest: WarmGuest, why: str) -> None:
+        logger.info("CreateOS executor: deleting reused guest %s (%s)", guest.sandbox_id, why)
+        guest.lease.end_soon(
+            lambda exc: logger.warning(
+                "CreateOS executor: could not delete reused guest %s (%s); auto-pause after %s s bounds it",
+                guest.sandbox_id,
+                exc,
+                guest.key.auto_pause_seconds,
+            )
+        )
+
+    def reap_idle(self, now: float | None = None) -> list[str]:
+        """Delete the guests with no run for their idle time; the ids of those deleted."""
+        now = time.monotonic() if now is None else now
+        idle = []
+        with self._lock:
+            for guests in list(self._guests.values()):
+                for guest in list(guests):
+                    if guest.runs == 0 and now - guest.last_used > guest.key.idle_seconds:
+                        guest.gone = True
+                        self._drop_locked(guest)
+                        idle.append(guest)
+        for guest in idle:
+            self._end(guest, f"idle for more than {guest.key.idle_seconds} s")
+        return [g.sandbox_id for g in idle]
+
+    def _start_reaper_locked(self) -> None:
+        if self._reaper is not None and self._reaper.is_alive():
+            return
+
+        def reap() -> None:
+            while not self._stop.wait(REAP_TICK_SECONDS):
+                try:
+                    self.reap_idle()
+                except Exception:  # the reaper must outlive a failed delete
+                    logger.debug("CreateOS executor: reaping idle reused guests failed", exc_info=True)
+
+        self._stop.clear()
+        self._reaper = threading.Thread(target=reap, name="createos-executor-reuse-reaper", daemon=True)
+        self._reaper.start()
+
+    def shutdown(self) -> None:
+        """Delete every reused guest of this process now (interpreter exit does it too)."""
+        self._stop.set()
+        with self._lock:
+            guests = [g for gs in self._guests.values() for g in gs]
+            self._guests.clear()
+            for guest in guests:
+                guest.gone = True
+        for guest in guests:
+            guest.lease.end(functools.partial(_shutdown_failed, guest.sandbox_id))
+
+    def forget_after_fork(self) -> None:
+        """In a fork child: the parent's guests and threads are the parent's."""
+        self._lock = threading.Lock()
+        self._guests = {}
+        self._starting = {}
+        self._reaper = None
+        self._stop = threading.Event()
+
+
+def _shutdown_failed(sandbox_id: str, exc: BaseException) -> None:
+    logger.warning("CreateOS executor: could not delete reused guest %s at shutdown: %s", sandbox_id, exc)
+
+
+domains = Domains()
+hooks.at_exit("reused guests", domains.shutdown)
+hooks.after_fork("reused guests", domains.forget_after_fork)

@@ -1,0 +1,30 @@
+"""The parity suite again with CREATEOS_EXECUTOR_REUSE=true (issue 45): every run of a test's
+flow and owner is forked from a reused guest's warm runner, and must still match lfx's
+in-process executor in texts, events, stored messages and errors. Each test must have run on a
+reused guest (checked after it), so a reuse that quietly falls back to throwaway guests fails
+here."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from langflow_sandbox_createos.executor import reuse
+
+from .test_parity import *  # noqa: F403  (the same tests, collected again under reuse)
+from .test_parity import memory  # noqa: F401  (its fixture)
+
+
+@pytest.fixture(autouse=True)
+def _reusing(executor_env: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("CREATEOS_EXECUTOR_REUSE", "true")
+    yield
+    deadline = time.monotonic() + 30
+    while any(guest.runs for guest in reuse.domains.guests()) and time.monotonic() < deadline:
+        time.sleep(0.05)  # a run's guest goes back once its exec has ended
+    served = sum(guest.served for guest in reuse.domains.guests())
+    reuse.domains.shutdown()
+    assert served > 0, "no run of this test was served by a reused guest"

@@ -1,0 +1,169 @@
+"""A warm executor per trust domain (CREATEOS_EXECUTOR_REUSE=true, issue 45), on createos-local.
+
+The runs of one flow and owner share guests with a warm runner (lfx already imported): each run
+is forked from it, so it pays neither a boot nor an import, and behaves as in-process (the
+parity suite also runs with reuse on: parity/test_parity_reuse.py). Other flows, other owners
+and a changed guest policy never share a guest; guests serve a bounded number of runs at once,
+go when idle, and are held by the guest keeper."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from langflow_sandbox_createos.executor import CreateOSExecutor, reuse
+from langflow_sandbox_createos.executor.results import GuestStatus
+
+from .conftest import drain
+from .flow_components.sleeper import Sleeper
+from .parity.test_parity import (
+    FLOW_ID,
+    USER_ID,
+    HostMemory,
+    assert_same,
+    both,
+    live_values_graph,
+    memory,
+)
+
+__all__ = ["memory"]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(300)]
+
+OTHER_USER = str(uuid.UUID(int=8))
+OTHER_FLOW = str(uuid.UUID(int=43))
+
+
+@pytest.fixture
+def reusing(executor_env: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("CREATEOS_EXECUTOR_REUSE", "true")
+    yield executor_env
+    reuse.domains.shutdown()  # this test's reused guests go before the plane is checked
+
+
+def reused_guests(cp: Any) -> list[dict[str, Any]]:
+    """The reused guests on the plane that are not deleted (other tests' ones are)."""
+    return [
+        sb
+        for sb in cp.sandboxes()
+        if (sb.get("name") or "").startswith(reuse.NAME_PREFIX)
+        and sb["status"] not in ("destroyed", "destroying")
+    ]
+
+
+def graph_for(user: str = USER_ID, flow: str = FLOW_ID) -> Any:
+    graph = live_values_graph()
+    graph.user_id, graph.flow_id = user, flow
+    return graph
+
+
+async def until(check: Any, what: str, seconds: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.1)
+
+
+async def statuses(graph: Any) -> list[GuestStatus]:
+    from lfx.execution.types import Unit
+
+    unit = Unit(graph=graph, inputs=[{"input_value": "hi"}], runtime_options={"session_id": "s-reuse"})
+    return [
+        item.payload
+        for item in await drain(CreateOSExecutor().execute(unit))
+        if isinstance(getattr(item, "payload", None), GuestStatus)
+    ]
+
+
+async def test_runs_of_one_flow_and_owner_share_a_warm_guest_and_match_in_process(
+    reusing: Any, memory: HostMemory
+) -> None:
+    reference, first = await both(graph_for, memory, "s-reuse-1")
+    assert_same(reference, first)
+    made = reused_guests(reusing)
+    assert len(made) == 1, made
+    for session in ("s-reuse-2", "s-reuse-3"):
+        reference, ours = await both(graph_for, memory, session)
+        assert_same(reference, ours)
+    assert [sb["id"] for sb in reused_guests(reusing)] == [made[0]["id"]]  # no other guest made
+    (status,) = await statuses(graph_for())
+    assert status.reused and status.sandbox_id == made[0]["id"], status
+
+
+async def test_other_owners_flows_and_policies_get_guests_of_their_own(
+    reusing: Any, memory: HostMemory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = {}
+    for name, graph in (
+        ("a", graph_for()),
+        ("b", graph_for(user=OTHER_USER)),
+        ("c", graph_for(flow=OTHER_FLOW)),
+    ):
+        (status,) = await statuses(graph)
+        ids[name] = status.sandbox_id
+    monkeypatch.setenv("CREATEOS_EXECUTOR_EGRESS", "10.213.0.0/16")  # a changed policy
+    (status,) = await statuses(graph_for())
+    ids["a-narrowed"] = status.sandbox_id
+    assert len(set(ids.values())) == 4, ids
+    (status,) = await statuses(graph_for())  # and the policy's guest serves it again
+    assert status.sandbox_id == ids["a-narrowed"], (status, ids)
+
+
+async def test_a_run_without_an_owner_gets_a_throwaway_guest(reusing: Any) -> None:
+    before = {sb["id"] for sb in reused_guests(reusing)}
+    (status,) = await statuses(graph_for(user=None))  # type: ignore[arg-type]
+    assert not status.reused and status.sandbox_id
+    assert {sb["id"] for sb in reused_guests(reusing)} == before  # no reused guest made for it
+
+
+async def test_runs_beyond_a_guests_limit_get_another_guest(
+    reusing: Any, memory: HostMemory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CREATEOS_EXECUTOR_REUSE_MAX_RUNS", "1")
+    found = await asyncio.gather(statuses(graph_for()), statuses(graph_for()))
+    assert len({s.sandbox_id for (s,) in found}) == 2, found
+    assert all(s.reused for (s,) in found)
+
+
+async def test_idle_guests_are_deleted(reusing: Any) -> None:
+    (status,) = await statuses(graph_for())
+    (guest,) = reuse.domains.guests()
+    assert guest.sandbox_id == status.sandbox_id
+    await until(lambda: guest.runs == 0, "the run was never given back")
+    assert reuse.domains.reap_idle() == []  # just used: kept
+    far = float("inf")
+    assert reuse.domains.reap_idle(now=far) == [status.sandbox_id]
+    reusing.wait_until_no_live(timeout=30.0, ignore_prefix="lf-c-")
+    assert status.sandbox_id not in {sb["id"] for sb in reused_guests(reusing)}
+
+
+async def test_a_cancelled_run_is_ended_in_the_guest_which_serves_the_next(reusing: Any) -> None:
+    """A consumer that closes the stream of a run still running in a reused guest: the run's
+    process group is killed there, the guest is given back, and the next run is served."""
+    from lfx.execution.types import Unit
+
+    from .conftest import middle_graph
+
+    sleepy = middle_graph(Sleeper, "nap")
+    sleepy.user_id, sleepy.flow_id = USER_ID, FLOW_ID
+    stream = CreateOSExecutor().execute(Unit(graph=sleepy, inputs=[{"input_value": "x"}], runtime_options={}))
+    first = await stream.__anext__()
+    assert isinstance(first.payload, GuestStatus) and first.payload.reused
+    await stream.aclose()
+    guest = next(iter(reuse.domains.guests()))
+    await until(lambda: guest.runs == 0, "the cancelled run was never given back")
+    assert guest.runner_pid
+
+    def runs_in_guest() -> list[str]:  # the warm runner's children: one per run (zombies too)
+        out = guest.lease.exec(
+            "sh", ["-c", f"cat /proc/{guest.runner_pid}/task/*/children"], timeout=30, stream=False
+        )
+        assert out.exit_code == 0, out
+        return out.stdout.split()
+
+    await until(lambda: runs_in_guest() == [], "the cancelled run still runs in the guest", 30.0)
+    (status,) = await statuses(graph_for())
+    assert status.sandbox_id == guest.sandbox_id
