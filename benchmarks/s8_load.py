@@ -7,36 +7,14 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from s8_common import CLIENT_TIMEOUT, HERE
-from s8_server import Server
+from s8_flows import code_result, expected
+from s8_server import Fleet
 
 # --- the load generator (a separate process under nice -n 5, the dev venv's httpx) ----------
-
-
-def expected(surface: str) -> Callable[[dict[str, Any], str], str | None]:
-    """A check of one answer: None when it is right, else what is wrong."""
-
-    def text_of(answer: dict[str, Any]) -> str:
-        return answer["outputs"][0]["outputs"][0]["results"]["message"]["text"]
-
-    def block(text: str) -> dict[str, Any]:
-        return json.loads(text.strip().removeprefix("```json").removesuffix("```"))
-
-    def chat(answer: dict[str, Any], sent: str) -> str | None:
-        text = text_of(answer)
-        return None if text == sent else f"answer {text[:80]!r} for input {sent!r}"
-
-    def code(answer: dict[str, Any], _sent: str) -> str | None:
-        data = block(text_of(answer))
-        if str(data.get("result", "")).strip() != "42" or data.get("error") or data.get("exit_code", 0) != 0:
-            return f"unexpected result {json.dumps(data)[:200]}"
-        return None
-
-    return chat if surface in ("inprocess", "executor") else code
 
 
 def load_worker(spec_path: str) -> None:
@@ -45,13 +23,14 @@ def load_worker(spec_path: str) -> None:
     import httpx
 
     spec = json.loads(Path(spec_path).read_text())
-    check = expected(spec["surface"])
-    url = f"{spec['url']}/api/v1/run/{spec['flow_id']}?stream=false"
-    headers = {"x-api-key": spec["api_key"], "Content-Type": "application/json"}
+    check = expected(spec["surface"], spec.get("flow", "chat"))
     records: list[dict[str, Any]] = []
     counter = iter(range(1_000_000))
 
-    async def caller(client: httpx.AsyncClient, t0: float, stop_at: float) -> None:
+    async def caller(client: httpx.AsyncClient, t0: float, stop_at: float, target: dict[str, str]) -> None:
+        # callers are dealt round the servers of the cell: each keeps to one
+        url = f"{target['url']}/api/v1/run/{target['flow_id']}?stream=false"
+        headers = {"x-api-key": target["api_key"], "Content-Type": "application/json"}
         budget = spec.get("runs")  # a fixed number of runs per caller (warm-up) instead of seconds
         while (budget is None and time.monotonic() < stop_at) or (budget is not None and budget > 0):
             if budget is not None:
@@ -59,7 +38,7 @@ def load_worker(spec_path: str) -> None:
             n = next(counter)
             sent = f"s8-{spec['tag']}-{n}"
             body = {"input_value": sent, "input_type": "chat", "output_type": "chat", "session_id": sent}
-            rec: dict[str, Any] = {"n": n, "start": time.monotonic() - t0}
+            rec: dict[str, Any] = {"n": n, "server": target["name"], "start": time.monotonic() - t0}
             try:
                 resp = await asyncio.wait_for(client.post(url, json=body, headers=headers), CLIENT_TIMEOUT)
                 rec["status"] = resp.status_code
@@ -77,12 +56,7 @@ def load_worker(spec_path: str) -> None:
                         rec["detail"] = wrong[:400]
                     else:
                         with contextlib.suppress(Exception):
-                            data = json.loads(
-                                answer["outputs"][0]["outputs"][0]["results"]["message"]["text"]
-                                .strip()
-                                .removeprefix("```json")
-                                .removesuffix("```")
-                            )
+                            data = code_result(answer)
                             rec["guest"] = data.get("sandbox_id")
                             rec["reused"] = data.get("reused_guest")
             except asyncio.TimeoutError:
@@ -105,7 +79,10 @@ def load_worker(spec_path: str) -> None:
             t0 = time.monotonic()
             print(f"started {time.time()}", flush=True)
             stop_at = t0 + spec["seconds"]
-            await asyncio.gather(*(caller(client, t0, stop_at) for _ in range(spec["concurrency"])))
+            targets = spec["targets"]
+            await asyncio.gather(
+                *(caller(client, t0, stop_at, targets[i % len(targets)]) for i in range(spec["concurrency"]))
+            )
             return time.monotonic() - t0
 
     wall = asyncio.run(main())
@@ -114,7 +91,7 @@ def load_worker(spec_path: str) -> None:
 
 
 def run_load(
-    server: Server,
+    fleet: Fleet,
     surface: str,
     concurrency: int,
     seconds: float,
@@ -122,12 +99,15 @@ def run_load(
     tag: str,
     runs: int | None = None,
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    """The load generator, started and waiting for "go" (its imports are done by then)."""
+    """The load generator, started and waiting for "go" (its imports are done by then). Its
+    callers are dealt round the fleet's servers (one server: all of them on it)."""
     spec = {
-        "url": server.lf.url,
-        "api_key": server.api_key,
-        "flow_id": server.flows[surface],
+        "targets": [
+            {"name": s.name, "url": s.lf.url, "api_key": s.api_key, "flow_id": s.flows[surface]}
+            for s in fleet.servers
+        ],
         "surface": surface,
+        "flow": fleet.flow,
         "concurrency": concurrency,
         "seconds": seconds,
         "runs": runs,
@@ -148,9 +128,11 @@ def run_load(
     return proc, spec
 
 
-def warm_up(server: Server, surface: str, scratch: Path, runs: int = 2) -> list[dict[str, Any]]:
-    """`runs` runs one after the other (imports, caches, the executor's pool registered)."""
-    proc, spec = run_load(server, surface, 1, 0.0, scratch, f"{surface}-warmup", runs=runs)
+def warm_up(fleet: Fleet, surface: str, scratch: Path, runs: int = 2) -> list[dict[str, Any]]:
+    """`runs` runs one after the other on each server of the fleet (imports, caches, the
+    executor's pool registered): as many callers as servers, each with `runs` runs."""
+    tag = f"{fleet.topology}-{surface}-warmup"
+    proc, spec = run_load(fleet, surface, len(fleet.servers), 0.0, scratch, tag, runs=runs)
     assert proc.stdin
     proc.stdin.write("go\n")
     proc.stdin.flush()

@@ -1,24 +1,32 @@
-"""S8: a Langflow server under concurrent runs, each surface in turn, against createos-local.
+"""S8: Langflow servers under concurrent runs, each surface in turn, against createos-local.
 
     python benchmarks/server_bench.py [--quick] [--seconds N] [--concurrency 16,64]
-                                      [--surfaces inprocess,executor,backend,component,component-reuse]
+        [--surfaces inprocess,executor,executor-reuse,backend,component,component-reuse]
+        [--flow chat|work] [--workers 2] [--servers 2] [--name NAME]
 
 A real Langflow 1.13 server (``scripts/run-langflow.sh``, what ``make run`` starts, from
 .venv-langflow) is driven over HTTP (``POST /api/v1/run``) by C concurrent callers that each
 send the next run as soon as the last one answered, for N seconds per cell, with a 120 s
-client timeout. Surfaces, each with its own flow:
+client timeout. Surfaces, each with its own flow (benchmarks/s8_flows.py):
 
   inprocess        Chat Input -> Chat Output, Langflow's own in-process executor (the reference)
   executor         the same flow, LANGFLOW_EXECUTOR_KIND=createos with a warm pool (own server)
+  executor-reuse   the same with CREATEOS_EXECUTOR_REUSE=true (own server; only when asked for,
+                   and measured only if the server honours the setting: --measure-ignored)
   backend          Python Interpreter (print(6 * 7)) -> Chat Output, the sandbox backend
   component        CreateOS Sandbox (print(6 * 7)), Guest Reuse off -> Chat Output
   component-reuse  the same with Guest Reuse = flow
 
-Per cell: throughput, latency p50/p95/p99, errors, the server process's CPU per run
-(/proc utime+stime of the gunicorn worker, and of Langflow's whole process tree), its RSS
-before and after (once idle), the event-loop lag inside the server (benchmarks/s8_lagmon/
-sitecustomize.py on the server's PYTHONPATH: a 10 ms sleep on the server's loop, how late it
-wakes), and the guests left on createos-local.
+``--flow work`` gives every surface a flow that does real work instead: about 50 ms of CPU and a
+call to an OpenAI-compatible model server of the bench's own in a network namespace.
+``--workers 2`` also measures one server of two gunicorn workers, ``--servers 2`` two servers
+side by side on the one createos-local (benchmarks/s8_phase.py), beside the one-worker cells.
+
+Per cell: throughput, latency p50/p95/p99, errors (timeouts apart from answered refusals), the
+server's CPU per run (/proc utime+stime of the gunicorn worker(s), and of Langflow's whole
+process tree), its RSS before and after (once idle), the event-loop lag inside the server
+(benchmarks/s8_lagmon/sitecustomize.py on the server's PYTHONPATH: a 10 ms sleep on the
+server's loop, how late it wakes), and the guests left on createos-local.
 
 Confinement: createos-local (and so every guest, which inherits its affinity) runs on CPU 1,
 Langflow on CPU 0 (started on both, then every thread of its process tree re-pinned and
@@ -26,9 +34,10 @@ checked); the load generator is a separate process under ``nice -n 5`` on either
 bed's own capacity, cold executor runs booted and run to their first vertex per second, is
 measured in the same run with the same confinement.
 
-Results: benchmarks/results/s8.json, s8.md, s8.png (and the S8 section of latest.md); raw
-per-request records under benchmarks/results/raw/ (gitignored). Targets are reported, never
-asserted. docs/performance.md ("S8") says what is measured and how.
+Results: benchmarks/results/NAME.json, NAME.md, NAME.png (NAME s8 for the chat flow, with the S8
+section of latest.md; s8-work for the work flow); raw per-request records under
+benchmarks/results/raw/ (gitignored). Targets are reported, never asserted. docs/performance.md
+("S8") says what is measured and how.
 """
 
 from __future__ import annotations
@@ -44,27 +53,29 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from run import stop_on_sigterm
-from s8_bed import Bed, by_prefix, capacity_worker, measure_capacity
-from s8_cell import cell
+from s8_bed import Bed, capacity_worker
 from s8_common import (
     BED_CPU,
     CLIENT_TIMEOUT,
+    DEFAULT_SURFACES,
     EXECUTOR_MAX_GUESTS,
-    EXECUTOR_POOL,
+    FLOWS,
     RESULTS,
+    REUSE_SETTING,
     SERVER_CPU,
     SURFACES,
     log,
+    tests_importable,
     venv_langflow,
 )
-from s8_load import load_worker, warm_up
+from s8_load import load_worker
+from s8_phase import Run, phase
 from s8_report import latest_section, verdicts, write_results  # noqa: F401  (report.py imports latest_section from here)
-from s8_server import servers
 
 # --- main ------------------------------------------------------------------------------------
 
@@ -108,13 +119,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--seconds", type=float, default=None, help="seconds per cell (default 10; quick 5)")
     p.add_argument("--concurrency", default="16,64")
-    p.add_argument("--surfaces", default=",".join(SURFACES))
+    p.add_argument(
+        "--surfaces",
+        default=",".join(DEFAULT_SURFACES),
+        help=f"any of {', '.join(SURFACES)} (default: all but executor-reuse)",
+    )
+    p.add_argument(
+        "--flow",
+        choices=FLOWS,
+        default="chat",
+        help="chat: S8's two-vertex flows; work: ~50 ms of CPU and a model call per run (s8_flows.py)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=1, help="also measure one server of this many gunicorn workers"
+    )
+    p.add_argument(
+        "--servers", type=int, default=1, help="also measure this many servers side by side on the one bed"
+    )
+    p.add_argument(
+        "--measure-ignored",
+        action="store_true",
+        help=f"measure executor-reuse even when the servers ignore {REUSE_SETTING} (labelled so)",
+    )
     p.add_argument("--capacity-runs", type=int, default=None, help="cold executor runs for the bed capacity")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--out", default=str(RESULTS))
+    p.add_argument(
+        "--name",
+        default=None,
+        help="result files NAME.json/.md/.png (default s8 for the chat flow, s8-work for the work flow); "
+        "only s8 updates latest.md's S8 block",
+    )
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, databases)")
     p.add_argument(
-        "--render", metavar="RAW_JSON", help="only write s8.md/s8.png/latest.md again from a raw result"
+        "--render", metavar="RAW_JSON", help="only write the results again from a raw result (with --name)"
     )
     p.add_argument("--load-worker", help=argparse.SUPPRESS)
     p.add_argument("--capacity-worker", help=argparse.SUPPRESS)
@@ -130,13 +168,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.render:
         doc = json.loads(Path(args.render).read_text())
         doc["verdicts"] = verdicts(doc)
-        write_results(doc, Path(args.out), plot=not args.no_plot)
+        name = args.name or result_name(doc["meta"].get("flow", "chat"))
+        write_results(doc, Path(args.out), plot=not args.no_plot, name=name)
         return 0
 
     surfaces = [s.strip() for s in args.surfaces.split(",") if s.strip()]
     unknown = set(surfaces) - set(SURFACES)
     if unknown:
         p.error(f"unknown surfaces: {sorted(unknown)}")
+    topologies = ["1x1"]
+    if args.workers > 1:
+        topologies.append(f"1x{args.workers}")
+    if args.servers > 1:
+        topologies.append(f"{args.servers}x1")
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     seconds = args.seconds if args.seconds is not None else (5.0 if args.quick else 10.0)
     capacity_runs = args.capacity_runs if args.capacity_runs is not None else (3 if args.quick else 6)
@@ -146,86 +190,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (venv_langflow() / "bin" / "langflow").exists():
         p.error(f"{venv_langflow()} has no langflow: run `make langflow`")
     out = Path(args.out)
+    name = args.name or result_name(args.flow)
     started = time.monotonic()
     meta = machine() | versions()
     meta |= {
         "seconds": seconds,
         "quick": args.quick,
         "concurrency": levels,
+        "flow": args.flow,
+        "topologies": topologies,
+        "surfaces": surfaces,
         "client_timeout_s": CLIENT_TIMEOUT,
         "executor_max_guests": EXECUTOR_MAX_GUESTS,
         "confinement": (
             f"createos-local and its guests on CPU {BED_CPU} (sched_setaffinity before exec; guests inherit it), "
-            f"the Langflow process tree on CPU {SERVER_CPU} (every thread re-pinned after start-up, checked), "
+            f"every Langflow process tree on CPU {SERVER_CPU} (every thread re-pinned after start-up, checked), "
             "the load generator unpinned under nice -n 5"
         ),
     }
     scratch = Path(tempfile.mkdtemp(prefix="s8-"))
-    log(f"S8: surfaces {surfaces} x in flight {levels}, {seconds:.0f} s per cell; scratch {scratch}")
+    log(
+        f"S8: {args.flow} flow, surfaces {surfaces} x in flight {levels} x topologies {topologies}, "
+        f"{seconds:.0f} s per cell; scratch {scratch}"
+    )
     doc: dict[str, Any] = {"meta": meta, "cells": [], "notes": []}
     bed = Bed(scratch)
     bed.start()
-    wanted: dict[str, dict[str, str]] = {}
-    plain = [s for s in surfaces if s != "executor"]
-    if plain:
-        wanted["plain"] = {}
-    if "executor" in surfaces:
-        wanted["executor"] = {
-            "EXECUTOR": "createos",
-            "CREATEOS_EXECUTOR_WARM_POOL": str(EXECUTOR_POOL),
-            "CREATEOS_EXECUTOR_MAX_GUESTS": str(EXECUTOR_MAX_GUESTS),
-        }
     try:
-        with servers(bed, scratch, wanted) as made:
-            doc["meta"]["affinity"] = {name: s.affinity for name, s in made.items()}
-            doc["meta"]["idle_cpu_per_s"] = {name: s.idle_rate for name, s in made.items()}
-            for name, s in made.items():
-                s.prepare(plain if name == "plain" else ["executor"])
-            if "executor" in surfaces:
-                doc["capacity"] = measure_capacity(bed, capacity_runs, 4, scratch)
-                for sb in bed.live():
-                    bed.delete(sb["id"])
-            order = [
-                s
-                for s in ("inprocess", "backend", "component", "component-reuse", "executor")
-                if s in surfaces
-            ]
-            for surface in order:
-                server = made["executor" if surface == "executor" else "plain"]
-                others = [o for o in made.values() if o is not server]
-                log(f"{surface}: warm-up")
-                warm = warm_up(server, surface, scratch)
-                bad = [r for r in warm if "error" in r]
-                if bad:
-                    doc["notes"].append(
-                        f"{surface}: warm-up run failed: {bad[0].get('error')}: {bad[0].get('detail')}"
-                    )
-                for conc in levels:
-                    idle_cpu = [o.cpu()[1] for o in others]
-                    t0 = time.monotonic()
-                    c = cell(server, surface, conc, seconds, scratch, idle_timeout)
-                    c["other_servers_cpu_s"] = round(
-                        sum(o.cpu()[1] - cpu for o, cpu in zip(others, idle_cpu, strict=True)), 2
-                    )
-                    c["cell_wall_s"] = round(time.monotonic() - t0, 1)
-                    doc["cells"].append(c)
-                    if c["error_samples"]:
-                        waits = server.log_tail(r"waits in line|timed out|Traceback|ERROR", 3)
-                        if waits:
-                            c["server_log"] = waits
-            doc["rss_server_mib"] = {name: round(s.rss_mib(), 1) for name, s in made.items()}
-        # the servers are stopped: what is left on the bed? A reused guest (lf-c-) stays by
-        # design (make run's Ctrl-C reaps it); anything else was left behind.
-        time.sleep(5)
-        left = bed.live()
-        doc["left_after_stop"] = by_prefix(left)
-        unexpected = {p: n for p, n in by_prefix(left).items() if p != "lf-c-"}
-        if unexpected:
-            doc["notes"].append(
-                f"guests still live 5 s after the servers stopped: {unexpected} (deleted by the harness)"
+        with contextlib.ExitStack() as stack:
+            model = stack.enter_context(model_server()) if args.flow == "work" else None
+            if model is not None:
+                meta["model_server"] = model.base_url
+            run = Run(
+                bed,
+                scratch,
+                surfaces,
+                levels,
+                seconds,
+                idle_timeout,
+                capacity_runs,
+                args.flow,
+                model,
+                args.measure_ignored,
+                doc,
             )
-        for sb in left:
-            bed.delete(sb["id"])
+            for topology in topologies:
+                phase(run, topology)
     finally:
         bed.stop()
     doc["verdicts"] = verdicts(doc)
@@ -235,15 +245,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    (raw / f"s8-{stamp}.json").write_text(json.dumps(doc, indent=1))
-    write_results(doc, out, plot=not args.no_plot)
+    (raw / f"{name}-{stamp}.json").write_text(json.dumps(doc, indent=1))
+    write_results(doc, out, plot=not args.no_plot, name=name)
     met = sum(1 for v in doc["verdicts"] if v["met"])
-    log(f"done in {meta['duration_s']:.0f} s: {met}/{len(doc['verdicts'])} targets met; {out / 's8.md'}")
+    log(
+        f"done in {meta['duration_s']:.0f} s: {met}/{len(doc['verdicts'])} targets met; {out / (name + '.md')}"
+    )
     if args.keep:
         log(f"scratch kept: {scratch}")
     else:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def result_name(flow: str) -> str:
+    return "s8" if flow == "chat" else f"s8-{flow}"
+
+
+@contextlib.contextmanager
+def model_server() -> Iterator[Any]:
+    """The work flow's model: tests/e2e/model_server.py's OpenAI-compatible server, on a test host
+    in a network namespace of its own (`NamespaceHost`), served from this process."""
+    tests_importable()
+    from e2e.model_server import ModelServer
+
+    with ModelServer() as model:
+        log(f"model server at {model.base_url}")
+        yield model
 
 
 if __name__ == "__main__":
