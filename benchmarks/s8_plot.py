@@ -37,7 +37,8 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tops = topologies(doc)
-    panels = 3 if len(tops) > 1 else 2
+    work = doc["meta"].get("flow", "chat") == "work"
+    panels = 2 + (len(tops) > 1) + work
     fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 5.2), dpi=110)
     ax_lat, ax_tp = axes[0], axes[1]
     cells = reference_cells(doc)
@@ -92,6 +93,8 @@ def render_plot(doc: dict[str, Any], path: Path) -> None:
     ax_tp.legend(fontsize=8, loc="center right")
     if len(tops) > 1:
         topology_bars(axes[2], doc, tops)
+    if work:
+        cpu_bars(axes[-1], doc)
     meta = doc["meta"]
     flow = meta.get("flow", "chat")
     fig.suptitle(
@@ -133,4 +136,28 @@ def topology_bars(ax: Any, doc: dict[str, Any], tops: list[str]) -> None:
     ax.set_ylabel("runs/s answered right")
     ax.set_title("servers x workers each, same CPU for the servers", fontsize=9)
     ax.legend(fontsize=8, title="topology", title_fontsize=8)
+    ax.grid(alpha=0.25, axis="y")
+
+
+def cpu_bars(ax: Any, doc: dict[str, Any]) -> None:
+    """The server's CPU per run of each surface (one server, one worker), in-process's dashed."""
+    cells = sorted(reference_cells(doc), key=lambda c: (c["concurrency"], SURFACES.index(c["surface"])))
+    for i, c in enumerate(cells):
+        ax.bar(
+            i,
+            c["cpu_per_run_ms"]["worker"],
+            0.7,
+            color=COLORS[c["surface"]],
+            edgecolor="black",
+            linewidth=0.5,
+        )
+        ref = next(
+            (r for r in cells if r["surface"] == "inprocess" and r["concurrency"] == c["concurrency"]), None
+        )
+        if ref is not None and c is not ref:
+            ax.hlines(0.5 * ref["cpu_per_run_ms"]["worker"], i - 0.4, i + 0.4, colors="black", linestyles=":")
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([f"{c['surface']}\n{c['concurrency']} in flight" for c in cells], fontsize=8)
+    ax.set_ylabel("server CPU per run, ms (dotted: 0.5 x in-process)")
+    ax.set_title("where the flow's work is paid for", fontsize=9)
     ax.grid(alpha=0.25, axis="y")
