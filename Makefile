@@ -115,11 +115,14 @@ bench: $(STAMP) $(LANGFLOW_STAMP)
 
 # S8 alone, long form: S8_SECONDS (60) per cell, S8_CAPACITY_RUNS (16) cold runs for the bed's
 # capacity; about 18 min on the 2 shared cores (1,050 s on 2026-12-03). Results in benchmarks/results/s8.{json,md,png}.
+# S8_ARGS adds server_bench.py's options, e.g. "--flow work" (results s8-work.*), "--workers 2
+# --servers 2", "--surfaces inprocess,executor,executor-reuse" (docs/performance.md, S8).
 S8_SECONDS ?= 60
 S8_CAPACITY_RUNS ?= 16
+S8_ARGS ?=
 bench-server: $(STAMP) $(LANGFLOW_STAMP)
 	$(VPY) -m pip install -q --no-build-isolation -e '.[bench]'
-	VENV_LANGFLOW=$(VENV_LANGFLOW) $(VPY) benchmarks/server_bench.py --seconds $(S8_SECONDS) --capacity-runs $(S8_CAPACITY_RUNS)
+	VENV_LANGFLOW=$(VENV_LANGFLOW) $(VPY) benchmarks/server_bench.py --seconds $(S8_SECONDS) --capacity-runs $(S8_CAPACITY_RUNS) $(S8_ARGS)
 
 # S2 (client CPU per backend run) for the abi3 build and the version-specific build of the
 # same sources, interleaved on one createos-local: docs/performance.md. About 3 min.
