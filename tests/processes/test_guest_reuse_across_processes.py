@@ -41,7 +41,9 @@ while first and saw == "nothing" and time.monotonic() < deadline:
             continue
         if words and os.path.basename(words[0]) == "flock":
             saw = "the other run waiting for the lock"
-        elif any(w.endswith("/main.py") and os.path.dirname(w) != me for w in words):
+        elif words and os.path.basename(words[0]).startswith("python") and any(
+            w.endswith("/main.py") and os.path.dirname(w) != me for w in words
+        ):  # the program itself, not the other run's wrapper (`sh -c WRAPPER ... main.py`)
             saw = "the other run's program running"
     time.sleep(0.01)
 with open(log, "a") as out:
