@@ -323,11 +323,19 @@ def executor_server(model_server: ModelServer) -> Iterator[LangflowServer]:
     yield from serve("executor-", EXECUTOR="createos", **model_env(model_server))
 
 
+@pytest.fixture(scope="session")
+def executor_reuse_server(model_server: ModelServer) -> Iterator[LangflowServer]:
+    """The executor's server with reused guests per trust domain (CREATEOS_EXECUTOR_REUSE)."""
+    yield from serve(
+        "executor-reuse-", EXECUTOR="createos", CREATEOS_EXECUTOR_REUSE="true", **model_env(model_server)
+    )
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
-    for name in ("langflow_server", "executor_server"):
+    for name in ("langflow_server", "executor_server", "executor_reuse_server"):
         server = getattr(item, "funcargs", {}).get(name)
         if report.failed and isinstance(server, LangflowServer):
             report.sections.append((f"make run / Langflow logs ({name})", server.report()))

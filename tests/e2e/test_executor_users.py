@@ -21,6 +21,7 @@ native tracer) holds the same component spans. On ac8509d the executor sent no k
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import urllib.parse
 import urllib.request
@@ -210,8 +211,29 @@ def everything(server: LangflowServer, model: ModelServer) -> dict[str, Any]:
 def test_each_user_runs_a_model_flow_with_their_own_key_and_history(
     langflow_server: LangflowServer, executor_server: LangflowServer, model_server: ModelServer
 ) -> None:
-    local = everything(langflow_server, model_server)
-    remote = everything(executor_server, model_server)
+    assert_same_per_user(everything(langflow_server, model_server), everything(executor_server, model_server))
+
+
+def test_the_same_with_reused_guests_each_users_runs_on_their_own_guest(
+    langflow_server: LangflowServer, executor_reuse_server: LangflowServer, model_server: ModelServer
+) -> None:
+    """CREATEOS_EXECUTOR_REUSE=true (issue 45): the same keys, answers, history, events and
+    trace per user as in-process, and the runs of each user's flow share one reused guest of
+    their own, never another user's."""
+    assert_same_per_user(
+        everything(langflow_server, model_server), everything(executor_reuse_server, model_server)
+    )
+    log = (executor_reuse_server.run_dir / "langflow.log").read_text(errors="replace")
+    runs = re.findall(r"CreateOS executor: flow (\S+) ran on guest (sb-\S+) \(reused\)[^\n]*: ok", log)
+    by_flow: dict[str, set[str]] = {}
+    for flow, guest in runs:
+        by_flow.setdefault(flow, set()).add(guest)
+    assert len(runs) == 9 and len(by_flow) == 3, runs  # three users, three runs each, all reused
+    guests = [next(iter(g)) for g in by_flow.values()]
+    assert all(len(g) == 1 for g in by_flow.values()) and len(set(guests)) == 3, by_flow
+
+
+def assert_same_per_user(local: dict[str, Any], remote: dict[str, Any]) -> None:
     for name in ("alice", "bob", "carol"):
         ours, reference = remote[name], local[name]
         # each of the three runs called the model once, with this user's own key (carol's: the

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -154,3 +155,46 @@ class TestCreateOSExecutorWithLfxUnit(ExecutorContract):
         self._assert_terminated(items)
         message = items[-1].outputs[0].outputs[0].results["message"]
         assert message.text == "test"
+
+
+def owned(unit: Unit) -> Unit:
+    """The unit's graph with a flow id and a user: a trust domain, so reuse applies to it."""
+    unit.graph.flow_id = "00000000-0000-0000-0000-0000000000c0"
+    unit.graph.user_id = "00000000-0000-0000-0000-0000000000c1"
+    return unit
+
+
+# checks that make a unit but never start its run (the stream is closed before its first item)
+NO_RUN = {"test_execute_returns_an_async_iterator"}
+
+
+class TestCreateOSExecutorContractWithReuse(ExecutorContract):
+    """The seven checks again with CREATEOS_EXECUTOR_REUSE=true (issue 45), on lfx's own unit
+    given a flow and a user: every run of a check is forked from a reused guest's warm runner,
+    and the check fails if none was."""
+
+    @pytest.fixture
+    def contract_executor(
+        self, executor_env: Any, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    ) -> Iterator[Executor]:
+        from langflow_sandbox_createos.executor import reuse
+
+        monkeypatch.setenv("CREATEOS_EXECUTOR_REUSE", "true")
+        yield CreateOSExecutor()
+        for _ in range(300):  # a run's guest goes back once its exec has ended
+            if not any(guest.runs for guest in reuse.domains.guests()):
+                break
+            time.sleep(0.1)
+        served = sum(guest.served for guest in reuse.domains.guests())
+        reuse.domains.shutdown()
+        if getattr(self, "_ran_a_unit", False) and request.node.name not in NO_RUN:
+            assert served > 0, "no run of this check was served by a reused guest"
+
+    @pytest.fixture
+    def contract_unit_factory(self) -> Callable[[], Unit]:
+        def make() -> Unit:
+            self._ran_a_unit = True
+            return owned(lfx_in_process_unit())
+
+        self._ran_a_unit = False
+        return make
