@@ -355,7 +355,10 @@ def op_arun(cmd: dict[str, Any]) -> dict[str, Any]:
     chat_out.set(input_value=chat_in.message_response)
     graph = Graph(chat_in, chat_out)
     if cmd.get("owned"):  # a flow and a user: a trust domain, which CREATEOS_EXECUTOR_REUSE needs
-        graph.flow_id, graph.user_id = "00000000-0000-0000-0000-0000000000b7", "00000000-0000-0000-0000-0000000000b8"
+        graph.flow_id, graph.user_id = (
+            "00000000-0000-0000-0000-0000000000b7",
+            "00000000-0000-0000-0000-0000000000b8",
+        )
     pooled = bool(cmd.get("pool_ready") and OURS and cmd["kind"] == "createos")
     if pooled:
         from langflow_sandbox_createos.executor import pool
