@@ -30,11 +30,10 @@ from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor.framing import EXIT_TIMEOUT, new_token, spec_mac, tail
 from langflow_sandbox_createos.executor.guest import BOOTSTRAP, runner_source
 from langflow_sandbox_createos.executor.guest.zygote import (
-    CONNECTOR,
+    CONNECTOR_ARGV,
     EXIT_NO_ZYGOTE,
     EXIT_ZYGOTE_LOST,
     KILL_RUN,
-    ZYGOTE_SOCKET,
 )
 from langflow_sandbox_createos.executor.reader import FrameReader
 from langflow_sandbox_createos.executor.spec import REPLY_DIR, encode_runtime
@@ -150,7 +149,7 @@ class _Run:
         self.lease = reused.lease if reused is not None else pooled
         self.pooled = pooled is not None
         # how the exec starts the run: the bootstrap with the whole runner, or a reused guest's connector
-        self.argv = ["-c", CONNECTOR, ZYGOTE_SOCKET] if reused is not None else ["-c", BOOTSTRAP]
+        self.argv = list(CONNECTOR_ARGV) if reused is not None else ["-c", BOOTSTRAP]
         self.exec_result: Any = None  # the exec's end, once its thread has it
         self.exec_error: BaseException | None = None
         self.exec_done = threading.Event()  # the exec's thread has its end (result or error)

@@ -18,7 +18,12 @@ import pytest
 from langflow_sandbox_createos.core import connection, guest_spec, settings
 from langflow_sandbox_createos.executor import framing
 from langflow_sandbox_createos.executor.guest import BOOTSTRAP, runner_source
-from langflow_sandbox_createos.executor.guest.zygote import CONNECTOR, EXIT_NO_ZYGOTE, ZYGOTE_SOCKET
+from langflow_sandbox_createos.executor.guest.zygote import (
+    CONNECTOR,
+    CONNECTOR_ARGV,
+    EXIT_NO_ZYGOTE,
+    ZYGOTE_SOCKET,
+)
 from langflow_sandbox_createos.executor.reader import FrameReader
 from langflow_sandbox_createos.executor.spec import encode_runtime, run_spec
 
@@ -114,7 +119,7 @@ async def test_runs_fork_from_one_warm_runner_each_with_its_own_channel(guest: t
 
     def one(n: int) -> None:
         token, stdin = boots[n]
-        results[n] = _exec(client, sandbox_id, ["-c", CONNECTOR, SOCKET], stdin, token)
+        results[n] = _exec(client, sandbox_id, [*CONNECTOR_ARGV[:-1], SOCKET], stdin, token)
 
     threads = [threading.Thread(target=one, args=(n,)) for n in range(3)]
     for thread in threads:
@@ -137,7 +142,7 @@ async def test_runs_fork_from_one_warm_runner_each_with_its_own_channel(guest: t
 async def test_a_connector_without_a_warm_runner_runs_nothing(guest: tuple[Any, str]) -> None:
     client, sandbox_id = guest
     token, stdin = await _boot("nobody listens")
-    result, frames = _exec(client, sandbox_id, ["-c", CONNECTOR, SOCKET], stdin, token)
+    result, frames = _exec(client, sandbox_id, [*CONNECTOR_ARGV[:-1], SOCKET], stdin, token)
     assert result.exit_code == EXIT_NO_ZYGOTE and frames == [], (result.exit_code, frames)
     assert "no warm runner" in result.stderr
 
@@ -155,7 +160,7 @@ async def test_a_run_whose_exec_goes_away_is_ended(guest: tuple[Any, str]) -> No
     client, sandbox_id = guest
     _start_zygote(client, sandbox_id)
     token, stdin = await _boot("x", middle_graph(Sleeper, "nap"))
-    result, frames = _exec(client, sandbox_id, ["-c", CONNECTOR, SOCKET], stdin, token, timeout=20)
+    result, frames = _exec(client, sandbox_id, [*CONNECTOR_ARGV[:-1], SOCKET], stdin, token, timeout=20)
     assert result.timed_out and "graph" in [f["t"] for f in frames], (result.timed_out, frames)
     pid = next(f["pid"] for f in frames if f["t"] == "hello")
     # the run's process is gone once the warm runner saw its connector go: a look, repeated
@@ -169,5 +174,5 @@ async def test_a_run_whose_exec_goes_away_is_ended(guest: tuple[Any, str]) -> No
     )
     assert gone.exit_code == 0, f"the run's process {pid} still runs"
     token, stdin = await _boot("after")
-    result, frames = _exec(client, sandbox_id, ["-c", CONNECTOR, SOCKET], stdin, token)
+    result, frames = _exec(client, sandbox_id, [*CONNECTOR_ARGV[:-1], SOCKET], stdin, token)
     assert result.exit_code == 0 and _texts(frames) == ["after"], (result.exit_code, result.stderr[-1000:])
