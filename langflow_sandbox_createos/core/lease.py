@@ -33,6 +33,7 @@ keeper (``core/pool_keeper.py``) and to the admission lines.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -145,6 +146,11 @@ class Admission:
             )
         except admission.WaitedTooLong as exc:
             self._refuse(exc, limit, subject)
+        except asyncio.CancelledError:
+            # Langflow cancels a streaming run whose caller went away: it leaves the line
+            # (admission.Line.enter) and never takes a guest.
+            self.log.info("%s left the line before its turn: cancelled (%s)", self.what, subject or "a run")
+            raise
         return Slot(line)
 
     def gate(self, limit_of: Callable[[GuestSpec], int]) -> _Gate:
