@@ -16,6 +16,16 @@ A line is shared by every event loop and thread of the process: a run waits on a
 its own loop, which the run that leaves hands its slot to (``call_soon_threadsafe``), so a
 waiting run costs no thread and no polling. A run cancelled while waiting leaves the line;
 one cancelled in the instant its slot arrived passes the slot on.
+
+**Load shedding (issue 45).** A run that would have to wait is refused at once, with
+:class:`Shed`, when the line expects it to wait longer than its ``max_wait``: rather than a
+caller's silence until the deadline, a prompt refusal it can act on (retry later). The
+estimate is the line's own: each run that gives its slot back reports how long it held it
+(:meth:`Line.observe_hold`), the line keeps an exponentially weighted mean of those hold times
+(weight :data:`HOLD_WEIGHT` for the newest), and a run arriving behind ``ahead`` waiting runs
+with ``limit`` slots busy needs ``ahead + 1`` of them to free, which ``limit`` slots do in about
+``(ahead + 1) * mean / limit`` seconds (:func:`expected_wait`). With no hold observed yet, or no
+deadline, nothing is shed; the deadline stays the backstop for a run the estimate let in.
 """
 
 from __future__ import annotations
@@ -38,18 +48,51 @@ def resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+# The weight of the newest hold time in the line's moving mean (the older ones share the rest).
+HOLD_WEIGHT = 0.2
+
+
+def expected_wait(mean_hold: float | None, ahead: int, limit: int) -> float | None:
+    """How long a run arriving behind ``ahead`` waiting runs, with all ``limit`` slots busy,
+    should expect to wait: ``ahead + 1`` slots must free, and ``limit`` slots free one every
+    ``mean_hold / limit`` seconds on average. None while no hold time was observed."""
+    if mean_hold is None:
+        return None
+    return (ahead + 1) * mean_hold / max(1, limit)
+
+
 class WaitedTooLong(Exception):
     """A run waited in line longer than it may; it left the line without a slot."""
 
-    def __init__(self, waited: float, ahead: int, in_flight: int) -> None:
+    def __init__(self, waited: float, ahead: int, in_flight: int, expected: float | None = None) -> None:
         super().__init__(f"waited {waited:.0f} s in line")
         self.waited = waited
         self.ahead = ahead  # runs still ahead of it when it gave up
         self.in_flight = in_flight
+        self.expected = expected  # the line's estimate of the wait still ahead of it (None: unknown)
+
+
+class Shed(WaitedTooLong):
+    """A run refused at arrival: the line expected it to wait longer than it may
+    (``expected`` seconds against ``max_wait``); it never stood in line."""
+
+    def __init__(self, expected: float, max_wait: float, ahead: int, in_flight: int) -> None:
+        super().__init__(0.0, ahead, in_flight, expected)
+        self.max_wait = max_wait
+        self.args = (f"would wait about {expected:.0f} s in line, more than {max_wait:g} s",)
 
 
 def gave_up_text(what: str, exc: WaitedTooLong, limit_setting: str, limit: int, wait_setting: str) -> str:
-    """The error a run that gave up in line raises (every surface says it the same way)."""
+    """The error a run that gave up in line, or was refused at once, raises (every surface
+    says it the same way)."""
+    if isinstance(exc, Shed):
+        return (
+            f"{what} was refused at once: every slot is taken ({exc.in_flight} run(s) in flight, the limit "
+            f"{limit_setting}={limit}; {exc.ahead} run(s) waiting ahead of it), and at the recent pace it "
+            f"would wait about {exc.expected:.0f} s for a guest, more than {wait_setting}={exc.max_wait:g}. "
+            f"Nothing of it ran; retry in about {exc.expected:.0f} s. Raise {limit_setting} if the control "
+            f"plane boots more guests at once, or {wait_setting} (0: no deadline) to let runs wait longer."
+        )
     return (
         f"{what} waited {exc.waited:.0f} s in line for a guest ({exc.in_flight} run(s) in flight, the limit "
         f"{limit_setting}={limit}; {exc.ahead} run(s) still ahead of it) and gave up at {wait_setting}. "
@@ -70,6 +113,34 @@ class _Counts:
         self._in_flight = 0
         self.waited = 0  # runs that had to wait (introspection, tests, benchmarks)
         self.gave_up = 0  # runs that left the line at their wait deadline
+        self.shed = 0  # runs refused at arrival (their expected wait was past their deadline)
+        self._mean_hold: float | None = None  # the moving mean of slot hold times (seconds)
+
+    def observe_hold(self, seconds: float) -> None:
+        """A run gave its slot back after holding it ``seconds``: the estimate's one input."""
+        seconds = max(0.0, seconds)
+        with self._lock:
+            previous = self._mean_hold
+            self._mean_hold = seconds if previous is None else previous + HOLD_WEIGHT * (seconds - previous)
+
+    @property
+    def mean_hold(self) -> float | None:
+        with self._lock:
+            return self._mean_hold
+
+    def _shed_locked(self, ahead: int, limit: int, max_wait: float | None) -> Shed | None:
+        """The refusal of a run that would wait behind ``ahead`` others, if the line expects
+        that wait to pass ``max_wait`` (called with the lock held, before the run joins)."""
+        if not max_wait:
+            return None
+        expected = expected_wait(self._mean_hold, ahead, limit)
+        if expected is None or expected <= max_wait:
+            return None
+        self.shed += 1
+        return Shed(expected, max_wait, ahead, self._in_flight)
+
+    def expected_wait_locked(self, ahead: int, limit: int) -> float | None:
+        return expected_wait(self._mean_hold, ahead, limit)
 
     @property
     def in_flight(self) -> int:
@@ -100,12 +171,16 @@ class Line(_Counts):
         self, limit: int, on_wait: Callable[[int, int], None], max_wait: float | None = None
     ) -> None:
         """Take a slot, waiting in line if ``limit`` runs hold one; every enter needs a leave.
-        Raises :class:`WaitedTooLong` after ``max_wait`` seconds in line (None: no deadline)."""
+        Raises :class:`Shed` at once if the line expects the wait to pass ``max_wait``, and
+        :class:`WaitedTooLong` after ``max_wait`` seconds in line (None: no deadline)."""
         loop = asyncio.get_running_loop()
         with self._lock:
             if self._in_flight < limit and not self._waiters:
                 self._in_flight += 1
                 return
+            shed = self._shed_locked(len(self._waiters), limit, max_wait)
+            if shed is not None:
+                raise shed
             future: asyncio.Future[None] = loop.create_future()
             waiter = (loop, future)
             self._waiters.append(waiter)
@@ -126,7 +201,8 @@ class Line(_Counts):
             ahead, in_flight = self._step_out(waiter)
             with self._lock:
                 self.gave_up += 1
-            raise WaitedTooLong(time.monotonic() - started, ahead, in_flight) from None
+                expected = self.expected_wait_locked(ahead, limit)
+            raise WaitedTooLong(time.monotonic() - started, ahead, in_flight, expected) from None
 
     def _step_out(self, waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]) -> tuple[int, int]:
         """A waiter gives up: it leaves the line, or passes on the slot handed to it in that
@@ -219,8 +295,9 @@ class SyncLine(_Counts):
             self._serving += 1
 
     def enter(self, limit: int, on_wait: Callable[[int, int], None], max_wait: float | None = None) -> None:
-        """Take a slot, waiting in line; raises :class:`WaitedTooLong` after ``max_wait``
-        seconds in line (None: no deadline). Every enter that returns needs a leave."""
+        """Take a slot, waiting in line; raises :class:`Shed` at once if the line expects the
+        wait to pass ``max_wait``, :class:`WaitedTooLong` after ``max_wait`` seconds in line
+        (None: no deadline). Every enter that returns needs a leave."""
         limit = max(1, limit)
         with self._cond:
             ticket = self._issued
@@ -229,6 +306,10 @@ class SyncLine(_Counts):
                 self._serving += 1
                 self._in_flight += 1
                 return
+            shed = self._shed_locked(ticket - self._serving - len(self._abandoned), limit, max_wait)
+            if shed is not None:
+                self._issued -= 1  # the last ticket issued: the line is as it was
+                raise shed
             self.waited += 1
             ahead, in_flight = ticket - self._serving, self._in_flight
         on_wait(ahead, in_flight)
@@ -239,8 +320,12 @@ class SyncLine(_Counts):
                     left = None if not max_wait else started + max_wait - time.monotonic()
                     if left is not None and left <= 0:
                         self.gave_up += 1
+                        ahead = ticket - self._serving
                         raise WaitedTooLong(
-                            time.monotonic() - started, ticket - self._serving, self._in_flight
+                            time.monotonic() - started,
+                            ahead,
+                            self._in_flight,
+                            self.expected_wait_locked(ahead, limit),
                         )
                     self._cond.wait(left)
             except BaseException:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 
+from lfx.integrations.errors import IntegrationError
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
 from langflow_sandbox_createos.core.native import load_native
@@ -79,6 +80,25 @@ def to_lfx_error(exc: BaseException, action: str) -> SandboxExecutionError:
     if isinstance(exc, native.UnavailableError):
         return SandboxUnavailableError(message)
     return SandboxExecutionError(message)
+
+
+# The HTTP status a refusal for lack of capacity carries (Langflow's run API answers with it).
+CAPACITY_STATUS = 503
+
+
+class CapacityError(IntegrationError):
+    """Why a run was refused for lack of capacity, in the form Langflow's run API answers with
+    a status: the :class:`SandboxUnavailableError` a run raises is chained ``from`` it, and
+    Langflow (``langflow.api.utils.execution_errors.integration_http_error``) follows the
+    chain to an :class:`IntegrationError` and answers 503 with a typed body (``error_code``
+    ``provider-unavailable``, ``retryable``, ``retry_after``, ``hint``). Its text is ours and
+    names no key; Langflow shows the ``hint`` to every caller, the message to the flow's owner."""
+
+    code = "provider-unavailable"
+
+    def __init__(self, message: str, *, hint: str, retry_after: float | None) -> None:
+        super().__init__(message, hint=hint, provider="createos", retryable=True, http_status=CAPACITY_STATUS)
+        self.retry_after = retry_after
 
 
 class Doing:

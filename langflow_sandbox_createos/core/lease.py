@@ -33,13 +33,15 @@ keeper (``core/pool_keeper.py``) and to the admission lines.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
@@ -66,12 +68,15 @@ class Slot:
         self._line = line
         self._lock = threading.Lock()
         self._left = False
+        self._taken = time.monotonic()
 
     def leave(self) -> None:
         with self._lock:
             if self._left:
                 return
             self._left = True
+        # How long a run holds its slot is the line's estimate of the wait (load shedding).
+        self._line.observe_hold(time.monotonic() - self._taken)
         self._line.leave()
 
 
@@ -95,13 +100,22 @@ class Admission:
         if tell is not None:
             tell(text)
 
-    def _refusal(
-        self, exc: admission.WaitedTooLong, limit: int, subject: str | None
-    ) -> SandboxUnavailableError:
+    def _refuse(self, exc: admission.WaitedTooLong, limit: int, subject: str | None) -> NoReturn:
+        """Raise the ``SandboxUnavailableError`` of a refused run, chained from the
+        :class:`failures.CapacityError` Langflow's run API answers with (503, retryable,
+        ``retry_after`` the line's estimate of the wait)."""
         text = admission.gave_up_text(self.what, exc, self.limit_setting, limit, self.wait_setting)
         if subject is not None:
             self.log.warning("%s (%s)", text, subject)
-        return SandboxUnavailableError(text)
+        retry_after = None if exc.expected is None else float(max(1, math.ceil(exc.expected)))
+        later = f"retry in about {retry_after:g} s" if retry_after is not None else "retry later"
+        hint = (
+            f"CreateOS: every guest slot is taken ({self.limit_setting}={limit}); {later}, or raise "
+            f"{self.limit_setting} or {self.wait_setting}."
+        )
+        raise SandboxUnavailableError(text) from failures.CapacityError(
+            text, hint=hint, retry_after=retry_after
+        )
 
     @contextlib.contextmanager
     def slot(self, limit: int, max_wait: float | None, tell: Tell | None = None) -> Iterator[None]:
@@ -112,10 +126,12 @@ class Admission:
                 limit, lambda ahead, in_flight: self._announce(limit, tell, ahead, in_flight), max_wait
             )
         except admission.WaitedTooLong as exc:
-            raise self._refusal(exc, limit, None) from None
+            self._refuse(exc, limit, None)
+        taken = time.monotonic()
         try:
             yield
         finally:
+            line.observe_hold(time.monotonic() - taken)
             line.leave()
 
     async def enter(
@@ -129,7 +145,12 @@ class Admission:
                 limit, lambda ahead, in_flight: self._announce(limit, tell, ahead, in_flight), max_wait
             )
         except admission.WaitedTooLong as exc:
-            raise self._refusal(exc, limit, subject) from None
+            self._refuse(exc, limit, subject)
+        except asyncio.CancelledError:
+            # Langflow cancels a streaming run whose caller went away: it leaves the line
+            # (admission.Line.enter) and never takes a guest.
+            self.log.info("%s left the line before its turn: cancelled (%s)", self.what, subject or "a run")
+            raise
         return Slot(line)
 
     def gate(self, limit_of: Callable[[GuestSpec], int]) -> _Gate:

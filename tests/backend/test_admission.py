@@ -207,3 +207,59 @@ def test_a_run_that_waits_past_CREATEOS_SANDBOX_MAX_WAIT_SECONDS_fails_before_an
     assert "Nothing of it ran" in text
     assert {sb["id"] for sb in backend_env.sandboxes()} == before
     assert line.in_flight == 0 and line.waiting == 0
+
+
+def test_a_sync_line_refuses_at_once_a_caller_it_cannot_serve_within_its_wait() -> None:
+    """Load shedding (issue 45) on the backend's and the component's line: one slot held by
+    runs of 10 s, a caller that may wait 5 s is refused at arrival (the estimate is the test's
+    own, so no thread's speed decides it), takes no ticket, and the line serves on."""
+    line = admission.SyncLine("test")
+    line.observe_hold(10.0)
+    line.enter(1, lambda *_: None)
+    with pytest.raises(admission.Shed) as caught:
+        line.enter(1, lambda *_: None, 5.0)
+    assert caught.value.expected == 10.0 and caught.value.waited == 0.0 and caught.value.ahead == 0
+    assert line.shed == 1 and line.waiting == 0 and line.waited == 0
+    line.leave()
+    line.enter(1, lambda *_: None, 5.0)  # a free slot: admitted, whatever the estimate
+    line.leave()
+    assert line.in_flight == 0 and line.waiting == 0
+
+
+@pytest.mark.parametrize("surface", ["backend", "component"])
+def test_a_sandbox_run_the_line_cannot_serve_in_time_is_refused_at_once_before_any_guest(
+    surface: str, backend: CreateOSBackend, backend_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot held, runs of 1000 s observed: the run is refused at once (not after
+    CREATEOS_SANDBOX_MAX_WAIT_SECONDS=100), names both settings, and is chained from the 503
+    Langflow's run API answers with; no guest was created for it."""
+    from lfx.integrations.errors import IntegrationError
+    from lfx.utils.sandbox.base import SandboxUnavailableError
+
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_GUESTS", "1")
+    monkeypatch.setenv("CREATEOS_SANDBOX_MAX_WAIT_SECONDS", "100")
+    line = admission.backend_line if surface == "backend" else admission.component_line
+    saved = line.mean_hold
+    before = {sb["id"] for sb in backend_env.sandboxes()}
+    line.enter(1, lambda *_: None)
+    try:
+        line._mean_hold = None  # the process's line: earlier runs' holds do not count here
+        line.observe_hold(1000.0)
+        with pytest.raises(SandboxUnavailableError) as caught:
+            if surface == "backend":
+                backend.run("print('ran')")
+            else:
+                request = engine.RunRequest(
+                    "print('ran')", "python", False, False, False, 30, engine.resolve_shape(None), "f", "c"
+                )
+                engine.run(request)
+    finally:
+        line.leave()
+        line._mean_hold = saved  # the process's line: leave its estimate as found
+    text = str(caught.value)
+    assert "refused at once" in text and "CREATEOS_SANDBOX_MAX_GUESTS=1" in text, text
+    assert "CREATEOS_SANDBOX_MAX_WAIT_SECONDS=100" in text, text
+    cause = caught.value.__cause__
+    assert isinstance(cause, IntegrationError) and cause.http_status == 503 and cause.retryable
+    assert {sb["id"] for sb in backend_env.sandboxes()} == before
+    assert line.in_flight == 0 and line.waiting == 0

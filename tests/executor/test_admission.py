@@ -4,6 +4,7 @@ guest at once per process; the others wait in line, first come first served, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -347,4 +348,113 @@ async def test_pool_refills_hold_a_slot_and_never_make_a_run_wait_longer(
         watcher.join(5)
         pool.shutdown()
     assert peak == 1, peak
+    assert line.in_flight == 0 and line.waiting == 0
+
+
+# --- load shedding (issue 45): a run the line cannot serve in time is refused at once ----------
+#
+# The line's estimate is fed here with hold times the test states (observe_hold), never with
+# measured ones; the refusals are decided at arrival, before anything awaits, so no test below
+# depends on how fast a thread or the loop runs.
+
+
+def test_the_expected_wait_is_the_slots_ahead_times_the_mean_hold_over_the_slots() -> None:
+    assert admission.expected_wait(None, 3, 2) is None  # nothing observed: no estimate
+    assert admission.expected_wait(10.0, 0, 1) == 10.0
+    assert admission.expected_wait(10.0, 2, 2) == 15.0  # 3 slots must free, 2 at a time
+    line = admission.Line("test")
+    line.observe_hold(10.0)
+    assert line.mean_hold == 10.0
+    line.observe_hold(20.0)  # the newest weighs HOLD_WEIGHT
+    assert line.mean_hold == pytest.approx(10.0 + admission.HOLD_WEIGHT * 10.0)
+
+
+async def test_a_run_the_line_cannot_serve_within_its_wait_is_refused_at_once() -> None:
+    """Two slots held, runs of 10 s each: a run that would wait 5 s (max 12) or 10 s waits in
+    line; the next would wait about 15 s and is refused at arrival, without ever standing in
+    line or taking a slot, with the estimate it was refused on."""
+    line = admission.Line("test")
+    for _ in range(3):
+        line.observe_hold(10.0)
+    await line.enter(2, lambda *_: None)
+    await line.enter(2, lambda *_: None)
+    queued = asyncio.Event()
+    waits: list[tuple[int, int]] = []
+
+    def said(ahead: int, in_flight: int) -> None:
+        waits.append((ahead, in_flight))
+        if len(waits) == 2:
+            queued.set()
+
+    first = asyncio.create_task(line.enter(2, said, 12.0))
+    second = asyncio.create_task(line.enter(2, said, 12.0))
+    await asyncio.wait_for(queued.wait(), 30)
+    assert waits == [(0, 2), (1, 2)] and line.waiting == 2
+    with pytest.raises(admission.Shed) as caught:
+        await line.enter(2, said, 12.0)
+    refused = caught.value
+    assert refused.expected == 15.0 and refused.max_wait == 12.0 and refused.waited == 0.0
+    assert refused.ahead == 2 and refused.in_flight == 2
+    assert line.shed == 1 and line.waiting == 2 and line.in_flight == 2 and len(waits) == 2
+    # the runs in line were let in, and still are served in order
+    line.leave()
+    await asyncio.wait_for(first, 30)
+    line.leave()
+    await asyncio.wait_for(second, 30)
+    line.leave()
+    line.leave()
+    assert line.in_flight == 0 and line.waiting == 0
+
+
+async def test_nothing_is_shed_without_a_hold_observed_or_without_a_deadline() -> None:
+    line = admission.Line("test")
+    await line.enter(1, lambda *_: None)
+    queued = asyncio.Event()
+    unestimated = asyncio.create_task(line.enter(1, lambda *_: queued.set(), 0.5))
+    await asyncio.wait_for(queued.wait(), 30)  # no hold observed: it stood in line
+    line.observe_hold(1000.0)
+    queued.clear()
+    no_deadline = asyncio.create_task(line.enter(1, lambda *_: queued.set(), None))
+    await asyncio.wait_for(queued.wait(), 30)  # no deadline: nothing to miss, it waits too
+    assert line.shed == 0 and line.waiting == 2
+    for task in (unestimated, no_deadline):
+        task.cancel()
+    await asyncio.gather(unestimated, no_deadline, return_exceptions=True)
+    assert line.waiting == 0 and line.in_flight == 1
+    line.leave()
+
+
+async def test_a_slot_given_back_reports_how_long_it_was_held() -> None:
+    from langflow_sandbox_createos.core import lease
+
+    line = admission.Line("test")
+    await line.enter(1, lambda *_: None)
+    lease.Slot(line).leave()
+    assert line.mean_hold is not None and line.mean_hold >= 0.0 and line.in_flight == 0
+
+
+async def test_a_refused_executor_run_is_a_503_langflow_can_answer_with() -> None:
+    """The refusal users see stays lfx's SandboxUnavailableError naming both settings; it is
+    chained from an IntegrationError with status 503, retryable, with the estimate as
+    retry_after, which Langflow's run API turns into its HTTP answer (tests/e2e: the real
+    server's 503)."""
+    from lfx.integrations.errors import IntegrationError
+    from lfx.utils.sandbox.base import SandboxUnavailableError
+
+    from langflow_sandbox_createos.core import lease
+
+    line = admission.Line("test")  # the executor's admission on a line of the test's own
+    executor_admission = dataclasses.replace(lease.EXECUTOR, line=line)
+    await line.enter(1, lambda *_: None)  # the only slot, held by another "run"
+    line.observe_hold(1000.0)
+    with pytest.raises(SandboxUnavailableError) as caught:
+        await executor_admission.enter(1, 120.0, subject="test")
+    line.leave()
+    text = str(caught.value)
+    assert "refused at once" in text and "CREATEOS_EXECUTOR_MAX_GUESTS=1" in text, text
+    assert "CREATEOS_EXECUTOR_MAX_WAIT_SECONDS=120" in text, text
+    cause = caught.value.__cause__
+    assert isinstance(cause, IntegrationError)
+    assert cause.http_status == 503 and cause.retryable and getattr(cause, "retry_after", None) == 1000.0
+    assert cause.code == "provider-unavailable" and "CREATEOS_EXECUTOR_MAX_GUESTS" in (cause.hint or "")
     assert line.in_flight == 0 and line.waiting == 0
