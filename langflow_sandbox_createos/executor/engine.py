@@ -63,12 +63,18 @@ class CreateOSExecutor(Executor):
         timeline.mark("spec")
         replay = HostReplay(options.get("event_manager"), unit.graph, spec)
         trace = HostTrace(unit.graph, spec)
-        slot = await lease.EXECUTOR.enter(
-            cfg.max_guests,
-            cfg.max_wait_seconds,
-            tell=functools.partial(_tell_events, options),
-            subject=f"flow {spec.get('flow_id') or '(no id)'}",
-        )
+        domain = _domain(endpoint, cfg, spec, unit.graph)
+        # a run that lands on a warm guest of its domain with a run to spare boots nothing: it
+        # takes no place in the line (CREATEOS_EXECUTOR_MAX_GUESTS paces guests, not their runs)
+        warm = reuse.domains.try_take(domain) if domain is not None else None
+        slot = None
+        if warm is None:
+            slot = await lease.EXECUTOR.enter(
+                cfg.max_guests,
+                cfg.max_wait_seconds,
+                tell=functools.partial(_tell_events, options),
+                subject=f"flow {spec.get('flow_id') or '(no id)'}",
+            )
         timeline.mark("line")
         run: _Run | None = None
         bridge: SandboxBridge | None = None
@@ -77,8 +83,9 @@ class CreateOSExecutor(Executor):
         failure: BaseException | None = None
         try:
             early: list[tuple[str, Any]] = []
-            if cfg.reuse and "install" not in spec:
-                run, early = await _take_reused(endpoint, cfg, spec, unit.graph, timeline)
+            if domain is not None:
+                taken, warm = warm, None  # _take_reused owns it now (and gives it back)
+                run, early = await _take_reused(endpoint, cfg, spec, domain, taken, timeline)
             if run is None and cfg.warm_pool and "install" not in spec:
                 run, early = await _take_warm(endpoint, cfg, spec, timeline)
             if run is None:
@@ -98,6 +105,8 @@ class CreateOSExecutor(Executor):
             yield RunComplete(outputs=frames.result)
         except BaseException as exc:
             failure = exc
+            if warm is not None:  # taken, never used: nothing ran on it
+                warm.give_back(gone=False)
             raise
         finally:
             try:
@@ -234,25 +243,30 @@ async def _end_trace(trace: HostTrace, failure: BaseException | None) -> None:
         logger.debug("CreateOS executor: the run's trace was not closed", exc_info=True)
 
 
-def _close(run: _Run | None, slot: lease.Slot, timeline: Timeline) -> None:
+def _close(run: _Run | None, slot: lease.Slot | None, timeline: Timeline) -> None:
     """The run is over: its guest is deleted off its path, and its slot in the line is held
     until that delete returned (never more guests than the limit). The slot is left by
     `_deleted` once the delete returned (close_soon calls it, at once when there is no
     guest), or here when there is no run or close_soon could not start its thread."""
     if run is None:
-        slot.leave()
+        _leave(slot)
         return
     try:
         run.close_soon(then=functools.partial(_deleted, run, slot, timeline))
     except BaseException:
-        slot.leave()
+        _leave(slot)
         raise
     timeline.mark("closed")
 
 
-def _deleted(run: _Run, slot: lease.Slot, timeline: Timeline) -> None:
+def _leave(slot: lease.Slot | None) -> None:
+    if slot is not None:  # None: a run on a warm reused guest, which took no place in the line
+        slot.leave()
+
+
+def _deleted(run: _Run, slot: lease.Slot | None, timeline: Timeline) -> None:
     """A run's guest delete returned (in its thread): the run's slot in the line is free."""
-    slot.leave()
+    _leave(slot)
     timeline.log("deleted", run.sandbox_id)
 
 
@@ -301,23 +315,41 @@ async def _reports(run: _Run, early: list[tuple[str, Any]]) -> AsyncIterator[tup
         yield await run.queue.get()
 
 
-async def _take_reused(
-    endpoint: connection.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any], graph: Any, timeline: Timeline
-) -> tuple[_Run | None, list[tuple[str, Any]]]:
-    """The run on a reused guest of its trust domain (``reuse.py``), once the guest's warm
-    runner has forked it (its first report is in hand); (None, []) when the run has no domain
-    (no flow id or no owner: it gets a throwaway guest). A guest whose warm runner is gone is
-    replaced, once, before anything of the run ran on it."""
+def _domain(
+    endpoint: connection.Endpoint, cfg: ExecutorSettings, spec: dict[str, Any], graph: Any
+) -> reuse.DomainKey | None:
+    """The run's trust domain when reused guests serve it (``CREATEOS_EXECUTOR_REUSE``, no
+    per-run install), else None: a throwaway guest."""
+    if not cfg.reuse or "install" in spec:
+        return None
     key = reuse.domain_key(
         endpoint, cfg, forwarded_env(cfg), spec.get("flow_id"), reuse.run_owner(graph, spec)
     )
     if key is None:
         logger.debug("CreateOS executor: a run without a flow id or an owner gets a guest of its own")
-        return None, []
+    return key
+
+
+async def _take_reused(
+    endpoint: connection.Endpoint,
+    cfg: ExecutorSettings,
+    spec: dict[str, Any],
+    key: reuse.DomainKey,
+    taken: reuse.WarmGuest | None,
+    timeline: Timeline,
+) -> tuple[_Run, list[tuple[str, Any]]]:
+    """The run on a reused guest of its trust domain (``reuse.py``: `taken`, or one acquired
+    now), once the guest's warm runner has forked it (its first report is in hand). A guest
+    whose warm runner is gone is replaced, once, before anything of the run ran on it."""
     for _ in range(2):
-        warm = await reuse.domains.acquire(key)
+        warm = taken if taken is not None else await reuse.domains.acquire(key)
+        taken = None
         timeline.mark("take")
-        run = _Run(endpoint, cfg, spec, reused=warm)
+        try:
+            run = _Run(endpoint, cfg, spec, reused=warm)
+        except BaseException:
+            warm.give_back(gone=False)  # nothing ran on it
+            raise
         spec["reply_dir"] = f"{REPLY_DIR}/{run.token[:16]}"  # the run's own, in a shared guest
         try:
             run.start_exec(await run.stage())

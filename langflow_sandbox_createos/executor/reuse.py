@@ -220,6 +220,11 @@ class Domains:
                 return guest
         return None
 
+    def try_take(self, key: DomainKey) -> WarmGuest | None:
+        """A guest of the domain with a run to spare, taken for one run, or None (no waiting)."""
+        with self._lock:
+            return self._take_locked(key)
+
     async def acquire(self, key: DomainKey) -> WarmGuest:
         """A guest of the domain with a free run, made if none is (runs that arrive while one
         is being made wait for it: they may fit on it)."""

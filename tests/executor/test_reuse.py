@@ -167,3 +167,28 @@ async def test_a_cancelled_run_is_ended_in_the_guest_which_serves_the_next(reusi
     await until(lambda: runs_in_guest() == [], "the cancelled run still runs in the guest", 30.0)
     (status,) = await statuses(graph_for())
     assert status.sandbox_id == guest.sandbox_id
+
+
+async def test_a_run_on_a_warm_guest_with_a_run_to_spare_takes_no_place_in_the_line(
+    reusing: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CREATEOS_EXECUTOR_MAX_GUESTS paces guests, not the runs of a warm one: with one place in
+    the line, held by a run asleep on the domain's reused guest, a second run of the domain is
+    served on that guest at once instead of waiting behind it (it would wait out the 5 s wait
+    and be refused if it took a place)."""
+    from lfx.execution.types import Unit
+
+    from .conftest import middle_graph
+
+    monkeypatch.setenv("CREATEOS_EXECUTOR_MAX_GUESTS", "1")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_MAX_WAIT_SECONDS", "5")
+    sleepy = middle_graph(Sleeper, "nap")
+    sleepy.user_id, sleepy.flow_id = USER_ID, FLOW_ID
+    asleep = CreateOSExecutor().execute(Unit(graph=sleepy, inputs=[{"input_value": "x"}], runtime_options={}))
+    first = await asleep.__anext__()
+    assert isinstance(first.payload, GuestStatus) and first.payload.reused
+    try:
+        (status,) = await statuses(graph_for())
+        assert status.reused and status.sandbox_id == first.payload.sandbox_id, status
+    finally:
+        await asleep.aclose()
