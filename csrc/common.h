@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 typedef enum {
     COS_OK = 0,
@@ -165,6 +166,9 @@ void cos_wipe(void *p, size_t n);
 void cos_strlcpy(char *dst, const char *src, size_t dstcap);
 
 double cos_now_ms(void); /* CLOCK_MONOTONIC */
+/* This process's pid without a system call: read once, then updated by a pthread_atfork
+ * child handler in every forked child (common.c says why it is process-wide). */
+pid_t cos_process_pid(void);
 /* Whether this is the process's first thread, the one Python runs signal handlers on. */
 int cos_on_main_thread(void);
 struct timespec;

@@ -91,7 +91,7 @@ cos_engine *cos_engine_new(cos_err *err)
     pthread_cond_init(&e->bg_cv, &ca);
     pthread_cond_init(&e->helper_cv, &ca);
     pthread_condattr_destroy(&ca);
-    e->pid = getpid();
+    e->pid = cos_process_pid(); /* registers the fork watch before any engine exists */
     e->callers_drive = cos_callers_drive();
     e->multi = curl_multi_init();
     e->share = curl_share_init();
@@ -124,7 +124,7 @@ nomem:
  * this first and leaves the copy alone (a callback that forks mid-call, say). */
 int cos_engine_forked(const cos_engine *e)
 {
-    return e->pid != getpid();
+    return e->pid != cos_process_pid(); /* no system call: common.c's fork watch */
 }
 
 CURLSH *cos_engine_share(cos_engine *e)

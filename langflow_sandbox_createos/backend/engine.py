@@ -19,6 +19,7 @@ mid-run leaves it to the keeper instead of the control plane.
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import threading
@@ -244,9 +245,13 @@ def _deny_all_acknowledged() -> bool:
 
 
 def _read_settings() -> BackendSettings:
-    """The backend's settings, parsed again only when one of its variables changed."""
-    with failures.refusing_bad_settings():
+    """The backend's settings, parsed again only when one of its variables changed. A
+    malformed one fails closed as failures.refusing_bad_settings() makes it fail, without
+    the context manager's cost on every run (issue 45)."""
+    try:
         return settings.current_backend_settings()
+    except SettingsError as exc:
+        raise SandboxUnavailableError(str(exc)) from None
 
 
 class _Plan:
@@ -313,11 +318,16 @@ HARDWARE = "hardware-virtualized"
 ACCEPT_LOCAL_ISOLATION = "CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION"
 
 
+# read on every run against a control plane without hardware isolation: parsed once per
+# change of the variable (issue 45: per-run Python)
+_local_isolation_memo = settings.EnvMemo((ACCEPT_LOCAL_ISOLATION,), settings.accept_local_isolation)
+
+
 def _local_acknowledged() -> bool:
     try:
-        return settings.accept_local_isolation()
+        return _local_isolation_memo.get()
     except SettingsError:
-        return False  # run() reports the malformed setting
+        return False  # run() reports the malformed setting (a raising parse is not remembered)
 
 
 def _reported_isolation() -> str:
@@ -436,18 +446,26 @@ def run_script(path: str, timeout_seconds: int) -> str:
 
     ``python3 -u`` keeps output printed before a kill instead of losing it in a buffer.
     """
-    n = int(timeout_seconds)
+    head, tail = _run_script_parts(int(timeout_seconds))
+    return f"{head}{path}{tail}"
+
+
+@functools.lru_cache(maxsize=16)
+def _run_script_parts(n: int) -> tuple[str, str]:
+    """run_script's text before and after the program's path: the same for every run with
+    the same timeout, so it is built once per timeout (issue 45: per-run Python)."""
     return (
         # The shell's own stderr goes to /dev/null (fd 3 keeps the real one): when timeout
         # is SIGKILLed, sh prints "Killed" on its stderr, which would reach the program's.
         "exec 3>&2 2>/dev/null\n"
         + program_clock.SH_START
         # Redirect inside the subshell, so the parent still has /dev/null while it waits.
-        + f"(exec 2>&3 3>&-; exec timeout --signal=KILL {n} python3 -u {path})\n"
+        + f"(exec 2>&3 3>&-; exec timeout --signal=KILL {n} python3 -u ",
+        ")\n"
         + "r=$?\n"
         + program_clock.sh_stop(3)
         + program_clock.sh_timeout_status("r", str(n))
-        + 'exit "$r"\n'
+        + 'exit "$r"\n',
     )
 
 

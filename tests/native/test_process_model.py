@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -54,6 +56,49 @@ def test_fork_while_threads_are_mid_request(
     assert errors == []
     assert sorted(results) == [f"parent-{n}\n" for n in range(4)]
     assert client.whoami()["user_id"] == "local-user"  # parent's engine unharmed
+
+
+# libc's fork() called from C: no os.register_at_fork hook runs, so only the C core's own
+# fork watch (a pthread_atfork child handler, csrc/common.c) can tell the child that the
+# engine it holds is its parent's. Run in a fresh process with one thread, where a raw fork
+# through ctypes is safe.
+_RAW_FORK_CHILD = """
+import ctypes, os, sys
+from langflow_sandbox_createos import _createos
+c = _createos.Client(sys.argv[1], sys.argv[2], connect_timeout=5.0, control_timeout=20.0)
+c.whoami()
+parent = c.stats()
+pid = ctypes.CDLL(None).fork()
+if pid == 0:
+    code = 3
+    try:
+        ok = c.whoami()["user_id"] == "local-user"
+        s = c.stats()
+        # its own engine: one request, on a connection of its own
+        code = 0 if ok and s["requests"] == 1 and s["connections_opened"] == 1 else 2
+        if code:
+            os.write(2, f"child stats {s}\\n".encode())
+    finally:
+        os._exit(code)
+_, status = os.waitpid(pid, 0)
+assert c.whoami()["user_id"] == "local-user"
+after = c.stats()
+assert after["requests"] == parent["requests"] + 1, (parent, after)
+assert after["connections_opened"] == parent["connections_opened"], (parent, after)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_fork_python_does_not_see_leaves_the_parents_connections_alone(cp: LocalControlPlane) -> None:
+    """A child made by fork() in C (no Python fork hook) must not use the parent's engine:
+    its first call opens a connection of its own, and the parent's go on unharmed."""
+    r = subprocess.run(
+        [sys.executable, "-c", _RAW_FORK_CHILD, cp.url, cp.api_key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
 
 
 def _wait_child(pid: int, seconds: float) -> int:
