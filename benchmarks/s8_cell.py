@@ -75,7 +75,9 @@ def cell(
 ) -> dict[str, Any]:
     """One cell on `fleet`; `model` (the work flow's model server) counts the model calls."""
     tag = f"{fleet.topology}-{surface}-{concurrency}"
-    pool = EXECUTOR_POOL if surface in EXECUTOR_SURFACES else 0
+    # the warm pool is filled only once a run without a trust domain takes from it: under
+    # executor-reuse every run of the cell has one (its flow and user), so no pool is awaited
+    pool = EXECUTOR_POOL if surface in EXECUTOR_SURFACES and surface != "executor-reuse" else 0
     before_idle = wait_idle(fleet, idle_timeout, pool)
     rss_before = fleet.rss_mib()
     proc, spec = run_load(fleet, surface, concurrency, seconds, scratch, tag)
