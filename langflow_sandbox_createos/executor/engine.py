@@ -342,7 +342,7 @@ async def _take_reused(
     now), once the guest's warm runner has forked it (its first report is in hand). A guest
     whose warm runner is gone is replaced, once, before anything of the run ran on it."""
     for _ in range(2):
-        warm = taken if taken is not None else await reuse.domains.acquire(key)
+        warm = taken if taken is not None else await reuse.domains.acquire(key, spec.get("graph"))
         taken = None
         timeline.mark("take")
         try:

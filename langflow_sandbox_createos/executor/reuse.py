@@ -145,9 +145,24 @@ class WarmGuest:
         self.owner.give_back(self, gone=gone)
 
 
-def _start_blocking(key: DomainKey, owner: Domains) -> WarmGuest:
-    """Create a reused guest (held at once) and start its warm runner; the guest is deleted
-    again if the runner does not start."""
+# The largest flow (its JSON) the warm runner is given to build once at start; a larger one
+# warms with the generic flow.
+WARM_FLOW_MAX_BYTES = 1 << 20
+
+
+def _warm_with(flow: Any) -> Any:
+    """What the warm runner builds once (never runs) at start: the domain's own flow, as the
+    first run's spec has it (its graph only: no variables, inputs or secret), so the modules
+    its components import are loaded in the runner and every forked run finds them; the
+    generic flow when there is none or it is too large."""
+    if isinstance(flow, dict) and len(compact_json(flow)) <= WARM_FLOW_MAX_BYTES:
+        return flow
+    return warm_flow()
+
+
+def _start_blocking(key: DomainKey, owner: Domains, flow: Any = None) -> WarmGuest:
+    """Create a reused guest (held at once) and start its warm runner, warmed with `flow` (the
+    domain's graph); the guest is deleted again if the runner does not start."""
     with failures.native_errors("create the executor's reused guest"):
         guest = Lease.create(key.endpoint, key, guest_spec.random_name(NAME_PREFIX))
     try:
@@ -158,7 +173,7 @@ def _start_blocking(key: DomainKey, owner: Domains) -> WarmGuest:
         wait = {
             "socket": ZYGOTE_SOCKET,
             "idle_seconds": key.idle_seconds + IDLE_MARGIN_SECONDS,
-            "warm_flow": warm_flow(),
+            "warm_flow": _warm_with(flow),
         }
         stdin = runner_stdin(token, entry=json.dumps("zygote_main"), zygote=compact_json(wait))
         with failures.native_errors("start the reused guest's warm runner"):
@@ -225,9 +240,10 @@ class Domains:
         with self._lock:
             return self._take_locked(key)
 
-    async def acquire(self, key: DomainKey) -> WarmGuest:
+    async def acquire(self, key: DomainKey, flow: Any = None) -> WarmGuest:
         """A guest of the domain with a free run, made if none is (runs that arrive while one
-        is being made wait for it: they may fit on it)."""
+        is being made wait for it: they may fit on it); a new guest's runner is warmed with
+        `flow`, the domain's graph."""
         while True:
             with self._lock:
                 found = self._take_locked(key)
@@ -243,7 +259,7 @@ class Domains:
                 await asyncio.to_thread(starting.wait)
                 continue
             try:
-                made = await asyncio.to_thread(_start_blocking, key, self)
+                made = await asyncio.to_thread(_start_blocking, key, self, flow)
             finally:
                 with self._lock:
                     self._starting.pop(key, None)

@@ -192,3 +192,25 @@ async def test_a_run_on_a_warm_guest_with_a_run_to_spare_takes_no_place_in_the_l
         assert status.reused and status.sandbox_id == first.payload.sandbox_id, status
     finally:
         await asleep.aclose()
+
+
+async def test_the_warm_runner_is_warmed_with_the_domains_own_flow(reusing: Any) -> None:
+    """A reused guest's warm runner builds the first run's flow once at start (never runs it),
+    so what the flow's components import is loaded before any run is forked: the component's
+    code was built by the runner (before it forked its daemon) and then by the run."""
+    from lfx.execution.types import Unit
+
+    from .conftest import middle_graph
+    from .flow_components.built_by import BuiltBy
+
+    graph = middle_graph(BuiltBy, "echo")
+    graph.user_id, graph.flow_id = USER_ID, str(uuid.UUID(int=45))
+    items = await drain(
+        CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": "x"}], runtime_options={}))
+    )
+    (status,) = [i.payload for i in items if isinstance(getattr(i, "payload", None), GuestStatus)]
+    (guest,) = [g for g in reuse.domains.guests() if g.sandbox_id == status.sandbox_id]
+    notes = guest.lease.exec("cat", ["/tmp/createos-built-by"], timeout=30, stream=False)
+    assert notes.exit_code == 0, notes
+    builders = notes.stdout.split()  # the warm runner at its start, then the run's own process
+    assert len(builders) >= 2 and builders[0] != builders[-1], builders

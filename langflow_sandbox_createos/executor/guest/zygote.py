@@ -76,12 +76,12 @@ def zygote_main(boot: dict[str, Any]) -> None:
     frames = _start(key)
     del key
     _ensure_lfx(frames)
-    _preload(wait.get("warm_flow"))
-    _SANDBOX_SEAMS.point()
     path = str(wait["socket"])
     directory = os.path.dirname(path)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
+    _preload(wait.get("warm_flow"))  # the domain's flow, built once: its imports for every run
+    _SANDBOX_SEAMS.point()
     if os.path.exists(path):
         os.unlink(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
