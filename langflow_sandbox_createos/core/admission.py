@@ -17,15 +17,19 @@ its own loop, which the run that leaves hands its slot to (``call_soon_threadsaf
 waiting run costs no thread and no polling. A run cancelled while waiting leaves the line;
 one cancelled in the instant its slot arrived passes the slot on.
 
-**Load shedding (issue 45).** A run that would have to wait is refused at once, with
-:class:`Shed`, when the line expects it to wait longer than its ``max_wait``: rather than a
-caller's silence until the deadline, a prompt refusal it can act on (retry later). The
-estimate is the line's own: each run that gives its slot back reports how long it held it
-(:meth:`Line.observe_hold`), the line keeps an exponentially weighted mean of those hold times
-(weight :data:`HOLD_WEIGHT` for the newest), and a run arriving behind ``ahead`` waiting runs
-with ``limit`` slots busy needs ``ahead + 1`` of them to free, which ``limit`` slots do in about
-``(ahead + 1) * mean / limit`` seconds (:func:`expected_wait`). With no hold observed yet, or no
-deadline, nothing is shed; the deadline stays the backstop for a run the estimate let in.
+**Load shedding (issue 45).** A run is refused, with :class:`Shed`, as soon as the line
+expects that it could not be served within its ``max_wait``: its wait for a slot plus a run's
+usual hold of it (its guest's boot, its run and the delete) would pass the deadline. Rather
+than a caller's silence until the deadline (or an answer after its caller gave up), a prompt
+refusal it can act on (retry later). The estimate is the line's own: each run that gives its
+slot back reports how long it held it (:meth:`Line.observe_hold`), the line keeps an
+exponentially weighted mean of those hold times (weight :data:`HOLD_WEIGHT` for the newest),
+and a run behind ``ahead`` waiting runs with ``limit`` slots busy needs ``ahead + 1`` of them
+to free, which ``limit`` slots do in about ``(ahead + 1) * mean / limit`` seconds
+(:func:`expected_wait`). The line judges a run when it arrives, and again each time a slot is
+given back (the estimate and its place have changed): a burst that arrived before any hold
+was observed is judged once the first run ends, not at its deadline. With no hold observed
+yet, or no deadline, nothing is refused; the deadline stays the backstop.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ HOLD_WEIGHT = 0.2
 def expected_wait(mean_hold: float | None, ahead: int, limit: int) -> float | None:
     """How long a run arriving behind ``ahead`` waiting runs, with all ``limit`` slots busy,
     should expect to wait: ``ahead + 1`` slots must free, and ``limit`` slots free one every
-    ``mean_hold / limit`` seconds on average. None while no hold time was observed."""
+    ``mean_hold / limit`` seconds on average (``ahead`` -1: a slot is freeing for it now).
+    None while no hold time was observed."""
     if mean_hold is None:
         return None
     return (ahead + 1) * mean_hold / max(1, limit)
@@ -73,25 +78,43 @@ class WaitedTooLong(Exception):
 
 
 class Shed(WaitedTooLong):
-    """A run refused at arrival: the line expected it to wait longer than it may
-    (``expected`` seconds against ``max_wait``); it never stood in line."""
+    """A run refused because the line expected it could not be served within ``max_wait``:
+    ``expected`` seconds more in line, and a run's usual ``hold`` after it. ``waited`` is 0 for
+    a run refused at arrival (it never stood in line)."""
 
-    def __init__(self, expected: float, max_wait: float, ahead: int, in_flight: int) -> None:
-        super().__init__(0.0, ahead, in_flight, expected)
+    def __init__(
+        self, expected: float, max_wait: float, ahead: int, in_flight: int, hold: float, waited: float = 0.0
+    ) -> None:
+        super().__init__(waited, ahead, in_flight, expected)
         self.max_wait = max_wait
-        self.args = (f"would wait about {expected:.0f} s in line, more than {max_wait:g} s",)
+        self.hold = hold
+        self.args = (
+            f"would wait about {expected:.0f} s more in line and then hold its guest about {hold:.0f} s, "
+            f"past {max_wait:g} s",
+        )
+
+
+def _late(mean_hold: float | None, ahead: int, limit: int, budget: float) -> float | None:
+    """The expected wait of a run behind ``ahead`` others if it and a run's usual hold would
+    not fit in ``budget`` seconds (None: it fits, or nothing is known yet)."""
+    expected = expected_wait(mean_hold, ahead, limit)
+    if expected is None or mean_hold is None or expected + mean_hold <= budget:
+        return None
+    return expected
 
 
 def gave_up_text(what: str, exc: WaitedTooLong, limit_setting: str, limit: int, wait_setting: str) -> str:
     """The error a run that gave up in line, or was refused at once, raises (every surface
     says it the same way)."""
     if isinstance(exc, Shed):
+        when = "at once" if exc.waited == 0 else f"after {exc.waited:.0f} s in line"
         return (
-            f"{what} was refused at once: every slot is taken ({exc.in_flight} run(s) in flight, the limit "
+            f"{what} was refused {when}: every slot is taken ({exc.in_flight} run(s) in flight, the limit "
             f"{limit_setting}={limit}; {exc.ahead} run(s) waiting ahead of it), and at the recent pace it "
-            f"would wait about {exc.expected:.0f} s for a guest, more than {wait_setting}={exc.max_wait:g}. "
-            f"Nothing of it ran; retry in about {exc.expected:.0f} s. Raise {limit_setting} if the control "
-            f"plane boots more guests at once, or {wait_setting} (0: no deadline) to let runs wait longer."
+            f"would wait about {exc.expected:.0f} s more for a guest and then hold it about {exc.hold:.0f} s, "
+            f"past {wait_setting}={exc.max_wait:g}. Nothing of it ran; retry in about {exc.expected:.0f} s. "
+            f"Raise {limit_setting} if the control plane boots more guests at once, or {wait_setting} "
+            f"(0: no deadline) to let runs wait longer."
         )
     return (
         f"{what} waited {exc.waited:.0f} s in line for a guest ({exc.in_flight} run(s) in flight, the limit "
@@ -128,16 +151,19 @@ class _Counts:
         with self._lock:
             return self._mean_hold
 
-    def _shed_locked(self, ahead: int, limit: int, max_wait: float | None) -> Shed | None:
-        """The refusal of a run that would wait behind ``ahead`` others, if the line expects
-        that wait to pass ``max_wait`` (called with the lock held, before the run joins)."""
+    def _shed_locked(
+        self, ahead: int, limit: int, max_wait: float | None, waited: float = 0.0, freeing: bool = False
+    ) -> Shed | None:
+        """The refusal of a run behind ``ahead`` others that has waited ``waited`` seconds, if
+        the line expects it could not be served within ``max_wait`` (called with the lock held;
+        ``freeing``: a slot is being given back now, the first of those runs takes it)."""
         if not max_wait:
             return None
-        expected = expected_wait(self._mean_hold, ahead, limit)
-        if expected is None or expected <= max_wait:
+        expected = _late(self._mean_hold, ahead - 1 if freeing else ahead, limit, max_wait - waited)
+        if expected is None or self._mean_hold is None:
             return None
         self.shed += 1
-        return Shed(expected, max_wait, ahead, self._in_flight)
+        return Shed(expected, max_wait, ahead, self._in_flight, self._mean_hold, waited)
 
     def expected_wait_locked(self, ahead: int, limit: int) -> float | None:
         return expected_wait(self._mean_hold, ahead, limit)
@@ -156,13 +182,32 @@ class _Counts:
         raise NotImplementedError
 
 
+class _Waiter:
+    """A run waiting in a :class:`Line`: its loop and future, when it arrived, its deadline."""
+
+    __slots__ = ("future", "granted", "loop", "max_wait", "started")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_wait: float | None) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.started = time.monotonic()
+        self.max_wait = max_wait
+        self.granted = False  # handed a slot (set with the line's lock held)
+
+
+def _refuse(future: asyncio.Future[None], shed: Shed) -> None:
+    if not future.done():
+        future.set_exception(shed)
+
+
 class Line(_Counts):
     """One surface's line. ``limit`` is read at each entry (a setting may change)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
-        self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = deque()
+        self._waiters: deque[_Waiter] = deque()
         self._on_spare: list[Callable[[], None]] = []
+        self._limit = 1  # the latest entry's
 
     def _waiting_locked(self) -> int:
         return len(self._waiters)
@@ -171,29 +216,29 @@ class Line(_Counts):
         self, limit: int, on_wait: Callable[[int, int], None], max_wait: float | None = None
     ) -> None:
         """Take a slot, waiting in line if ``limit`` runs hold one; every enter needs a leave.
-        Raises :class:`Shed` at once if the line expects the wait to pass ``max_wait``, and
-        :class:`WaitedTooLong` after ``max_wait`` seconds in line (None: no deadline)."""
+        Raises :class:`Shed` as soon as the line expects the run could not be served within
+        ``max_wait`` (at once, or when a slot is given back), and :class:`WaitedTooLong` after
+        ``max_wait`` seconds in line (None: no deadline)."""
         loop = asyncio.get_running_loop()
         with self._lock:
+            self._limit = limit
             if self._in_flight < limit and not self._waiters:
                 self._in_flight += 1
                 return
             shed = self._shed_locked(len(self._waiters), limit, max_wait)
             if shed is not None:
                 raise shed
-            future: asyncio.Future[None] = loop.create_future()
-            waiter = (loop, future)
+            waiter = _Waiter(loop, max_wait)
             self._waiters.append(waiter)
             ahead = len(self._waiters) - 1
             self.waited += 1
             in_flight = self._in_flight
         on_wait(ahead, in_flight)
-        started = time.monotonic()
         try:
             if max_wait:
-                await asyncio.wait_for(future, max_wait)
+                await asyncio.wait_for(waiter.future, max_wait)
             else:
-                await future
+                await waiter.future
         except asyncio.CancelledError:
             self._step_out(waiter)
             raise
@@ -202,20 +247,38 @@ class Line(_Counts):
             with self._lock:
                 self.gave_up += 1
                 expected = self.expected_wait_locked(ahead, limit)
-            raise WaitedTooLong(time.monotonic() - started, ahead, in_flight, expected) from None
+            raise WaitedTooLong(time.monotonic() - waiter.started, ahead, in_flight, expected) from None
 
-    def _step_out(self, waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]) -> tuple[int, int]:
+    def _step_out(self, waiter: _Waiter) -> tuple[int, int]:
         """A waiter gives up: it leaves the line, or passes on the slot handed to it in that
         instant. Returns (runs that were ahead of it, runs in flight)."""
         with self._lock:
-            granted = waiter not in self._waiters
-            ahead = 0 if granted else self._waiters.index(waiter)
-            if not granted:
+            granted = waiter.granted
+            ahead = self._waiters.index(waiter) if waiter in self._waiters else 0
+            if waiter in self._waiters:
                 self._waiters.remove(waiter)
             in_flight = self._in_flight
         if granted:
             self.leave()
         return ahead, in_flight
+
+    def _rejudge_locked(self) -> list[tuple[_Waiter, Shed]]:
+        """Each waiting run judged again (a slot was given back: the estimate and its place
+        have changed); those the line now expects could not be served in time leave it."""
+        if self._mean_hold is None:
+            return []
+        now = time.monotonic()
+        refused: list[tuple[_Waiter, Shed]] = []
+        kept: deque[_Waiter] = deque()
+        for waiter in self._waiters:
+            waited = now - waiter.started
+            shed = self._shed_locked(len(kept), self._limit, waiter.max_wait, waited, freeing=True)
+            if shed is None:
+                kept.append(waiter)
+            else:
+                refused.append((waiter, shed))
+        self._waiters = kept
+        return refused
 
     def try_enter_spare(self, limit: int) -> bool:
         """Take a slot only if one is free and no run waits for it (never waits): how the warm
@@ -238,16 +301,24 @@ class Line(_Counts):
 
     def leave(self) -> None:
         with self._lock:
+            refused = self._rejudge_locked()
+            handed = False
             while self._waiters:
-                loop, future = self._waiters.popleft()
-                if loop.is_closed() or future.done():
+                waiter = self._waiters.popleft()
+                if waiter.loop.is_closed() or waiter.future.done():
                     continue
                 # The slot passes on: in_flight stays the same. A future cancelled after it
                 # was chosen: its run's CancelledError handler (in enter) passes the slot on.
-                loop.call_soon_threadsafe(resolve, future)
-                return
-            self._in_flight -= 1
-            listeners = list(self._on_spare)
+                waiter.granted = True
+                waiter.loop.call_soon_threadsafe(resolve, waiter.future)
+                handed = True
+                break
+            if not handed:
+                self._in_flight -= 1
+            listeners = [] if handed else list(self._on_spare)
+        for waiter, shed in refused:
+            if not waiter.loop.is_closed():
+                waiter.loop.call_soon_threadsafe(_refuse, waiter.future, shed)
         for callback in listeners:
             try:
                 callback()
@@ -317,6 +388,11 @@ class SyncLine(_Counts):
         with self._cond:
             try:
                 while not (ticket == self._serving and self._in_flight < limit):
+                    waited = time.monotonic() - started
+                    ahead = ticket - self._serving - sum(1 for t in self._abandoned if t < ticket)
+                    shed = self._shed_locked(ahead, limit, max_wait, waited) if waited > 0 else None
+                    if shed is not None:  # judged again: a slot was given back
+                        raise shed
                     left = None if not max_wait else started + max_wait - time.monotonic()
                     if left is not None and left <= 0:
                         self.gave_up += 1

@@ -14,7 +14,9 @@ outputs and errors, and when each happens. Who the trace is for comes from the h
 id, name, user, session, flow and tracing label are this process's graph's, never the
 guest's, and a span must name a vertex of this run's graph. Each span replays in a task of
 its own (as each component builds in its own task in-process), so the tracing service's
-per-task context is right. Nothing here can fail a run: a tracer's error is logged.
+per-task context is right. Every trace of a run has the run's id, so each starts only once
+the one before it has ended (Langflow's trace view writes a trace by its id: two writers at
+once lose one). Nothing here can fail a run: a tracer's error is logged.
 """
 
 from __future__ import annotations
@@ -113,19 +115,21 @@ class _Span:
 class _Trace:
     """One trace of the run (start_tracers .. end_tracers), in a task of its own."""
 
-    def __init__(self, service: Any, start: dict[str, Any]) -> None:
+    def __init__(self, service: Any, start: dict[str, Any], after: _Trace | None) -> None:
         self.service = service
         self.spans: dict[int, _Span] = {}
         self.ended = False
         self.ops: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self.task = asyncio.get_running_loop().create_task(self._replay(start))
+        self.task = asyncio.get_running_loop().create_task(self._replay(start, after))
 
     def end(self, outputs: dict[str, Any], error: BaseException | None) -> None:
         if not self.ended:
             self.ended = True
             self.ops.put_nowait(("end", (outputs, error)))
 
-    async def _replay(self, start: dict[str, Any]) -> None:
+    async def _replay(self, start: dict[str, Any], after: _Trace | None) -> None:
+        if after is not None:  # the run's earlier trace is flushed first: one trace id, one writer
+            await asyncio.wait([after.task])
         try:
             await self.service.start_tracers(**start)
         except Exception:
@@ -185,7 +189,8 @@ class HostTrace:
         if op == "start":
             if number in self.traces:
                 raise ValueError(f"trace {number} started twice")
-            self.traces[number] = _Trace(self._service(), self._start_args(frame.get("run_id")))
+            last = self.traces[max(self.traces)] if self.traces else None
+            self.traces[number] = _Trace(self._service(), self._start_args(frame.get("run_id")), last)
             return
         trace = self.traces.get(number)
         if trace is None or trace.ended:

@@ -233,6 +233,19 @@ KEEPER_LINE = re.compile(
 )
 
 
+def trace_view(client: LangflowClient, flow_id: str, runs: int) -> list[dict[str, Any]]:
+    """The flow's traces in Langflow's trace view (oldest first, each with its spans), once
+    `runs` of them are there or 60 s have passed: a run's trace is written when its tracers
+    end, for a streamed run after its response has ended (in-process as under the executor)."""
+    deadline = time.monotonic() + 60
+    while True:
+        listing = client.request("GET", f"/api/v1/monitor/traces?flow_id={flow_id}&size=50")
+        summaries = sorted(listing.get("traces") or [], key=lambda t: t["startTime"])
+        if len(summaries) >= runs or time.monotonic() > deadline:
+            return [client.request("GET", f"/api/v1/monitor/traces/{t['id']}") for t in summaries]
+        time.sleep(0.5)
+
+
 def _assert_pool_not_left_to_reap(server: LangflowServer, output: str) -> None:
     """The executor's warm pool (lf-xw-) is the plugin's to delete, not make run's reap: the
     gunicorn worker ends through os._exit or SIGQUIT (no atexit), so its pool keeper deletes

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from executor.parity.test_parity import _feed_back  # tests/ is the import root
 
-from .conftest import LangflowServer
+from .conftest import LangflowServer, trace_view
 
 pytestmark = [pytest.mark.langflow, pytest.mark.timeout(900)]
 
@@ -111,6 +111,13 @@ def run_loop_flow(server: LangflowServer) -> dict[str, Any]:
     streamed = post(server, client, f"/api/v1/run/{flow_id}?stream=true", {**body, "session_id": "loop-2"})
     stored = client.request("GET", f"/api/v1/monitor/messages?flow_id={flow_id}")
     return {
+        # the operator's trace view: one trace per run, ok, with the run graph's own spans (a
+        # loop iteration's are not kept in-process); at f7cbc2a the executor wrote each run's
+        # trace four times at once, with an error, and Langflow lost writes to trace.id
+        "traces": [
+            (t["status"], sorted(s["name"] for s in t.get("spans") or []))
+            for t in trace_view(client, flow_id, 2)
+        ],
         # a Chat Output that renders a stored message shows the id it has in the database
         "ids_are_stored_ids": [rendered_id(t) in {m["id"] for m in stored} for t in texts],
         "texts": texts,
@@ -155,6 +162,8 @@ def test_loop_flow_runs_in_a_guest_as_in_process(
     assert remote["events"] == local["events"]
     for key in ("texts", "streamed_texts"):
         assert [rendered(t) for t in remote[key]] == [rendered(t) for t in local[key]]
+    assert len(local["traces"]) == 2 and all(status == "ok" for status, _ in local["traces"]), local["traces"]
+    assert remote["traces"] == local["traces"]
 
 
 # What differs from run to run on one server too: ids (each must be the stored row's, see

@@ -33,7 +33,7 @@ import pytest
 from langflow_sandbox_createos import starter
 from langflow_sandbox_createos.starter import LangflowClient
 
-from .conftest import MODEL_KEY_VARIABLE, SERVER_MODEL_KEY, LangflowServer
+from .conftest import MODEL_KEY_VARIABLE, SERVER_MODEL_KEY, LangflowServer, trace_view
 from .model_server import ModelServer
 
 pytestmark = [pytest.mark.langflow, pytest.mark.timeout(1200)]
@@ -150,15 +150,12 @@ def stored(user: User, flow_id: str) -> list[tuple[str, str, str]]:
     return [(m["sender"], m["text"], m["session_id"]) for m in sorted(messages, key=lambda m: m["timestamp"])]
 
 
-def component_spans(user: User, flow_id: str) -> list[list[tuple[str, str, str, str]]]:
+def component_spans(user: User, flow_id: str, runs: int) -> list[list[tuple[str, str, str, str]]]:
     """Each trace of the flow (oldest first) as its component spans: (name, type, status, what
     the span's output text is). LangChain's own child spans (an LLM call's) are left out: the
     guest does not relay LangChain callbacks (docs/executor.md)."""
-    listing = user.client.request("GET", f"/api/v1/monitor/traces?flow_id={flow_id}&size=50")
-    traces = sorted(listing.get("traces") or [], key=lambda t: t["startTime"])
     found = []
-    for summary in traces:
-        trace = user.client.request("GET", f"/api/v1/monitor/traces/{summary['id']}")
+    for trace in trace_view(user.client, flow_id, runs):
         spans = []
         for span in trace.get("spans") or []:
             outputs = json.dumps(span.get("outputs") or {}, sort_keys=True)
@@ -203,7 +200,7 @@ def everything(server: LangflowServer, model: ModelServer) -> dict[str, Any]:
             "answers": [r["answer"] for r in runs],
             "stream_events": runs[2]["events"],
             "stored": stored(user, flow_id),
-            "spans": component_spans(user, flow_id),
+            "spans": component_spans(user, flow_id, len(runs)),
         }
     return seen
 
@@ -249,4 +246,5 @@ def assert_same_per_user(local: dict[str, Any], remote: dict[str, Any]) -> None:
         others = {"alice", "bob", "carol"} - {name}
         assert not any(f"from {other}" in answer for other in others for answer in ours["answers"]), ours
         # the operator's trace view: one trace per run, with the same component spans
+        assert len(reference["spans"]) == 3, (name, reference["spans"])
         assert len(ours["spans"]) == 3 and ours["spans"] == reference["spans"], (name, ours["spans"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,16 @@ PYTHON = sys.executable
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def served_by_reused_guests(seconds: float = 30.0) -> int:
+    """How many runs this process's reused guests served, once each run has given its guest
+    back (a run's guest goes back once its exec has ended); the guests are deleted."""
+    from langflow_sandbox_createos.executor import reuse
+
+    deadline = time.monotonic() + seconds
+    while any(guest.runs for guest in reuse.domains.guests()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    served = sum(guest.served for guest in reuse.domains.guests())
+    reuse.domains.shutdown()
+    return served

@@ -370,9 +370,10 @@ def test_the_expected_wait_is_the_slots_ahead_times_the_mean_hold_over_the_slots
 
 
 async def test_a_run_the_line_cannot_serve_within_its_wait_is_refused_at_once() -> None:
-    """Two slots held, runs of 10 s each: a run that would wait 5 s (max 12) or 10 s waits in
-    line; the next would wait about 15 s and is refused at arrival, without ever standing in
-    line or taking a slot, with the estimate it was refused on."""
+    """Two slots held, runs of 10 s each, 22 s allowed: a run that would wait 5 s, or 10 s, and
+    then hold its guest 10 s waits in line; the next would wait about 15 s and then 10 s more,
+    past 22 s, and is refused at arrival, without ever standing in line or taking a slot, with
+    the estimate it was refused on."""
     line = admission.Line("test")
     for _ in range(3):
         line.observe_hold(10.0)
@@ -386,14 +387,14 @@ async def test_a_run_the_line_cannot_serve_within_its_wait_is_refused_at_once() 
         if len(waits) == 2:
             queued.set()
 
-    first = asyncio.create_task(line.enter(2, said, 12.0))
-    second = asyncio.create_task(line.enter(2, said, 12.0))
+    first = asyncio.create_task(line.enter(2, said, 22.0))
+    second = asyncio.create_task(line.enter(2, said, 22.0))
     await asyncio.wait_for(queued.wait(), 30)
     assert waits == [(0, 2), (1, 2)] and line.waiting == 2
     with pytest.raises(admission.Shed) as caught:
-        await line.enter(2, said, 12.0)
+        await line.enter(2, said, 22.0)
     refused = caught.value
-    assert refused.expected == 15.0 and refused.max_wait == 12.0 and refused.waited == 0.0
+    assert refused.expected == 15.0 and refused.max_wait == 22.0 and refused.waited == 0.0 and refused.hold == 10.0
     assert refused.ahead == 2 and refused.in_flight == 2
     assert line.shed == 1 and line.waiting == 2 and line.in_flight == 2 and len(waits) == 2
     # the runs in line were let in, and still are served in order
@@ -458,3 +459,70 @@ async def test_a_refused_executor_run_is_a_503_langflow_can_answer_with() -> Non
     assert cause.http_status == 503 and cause.retryable and getattr(cause, "retry_after", None) == 1000.0
     assert cause.code == "provider-unavailable" and "CREATEOS_EXECUTOR_MAX_GUESTS" in (cause.hint or "")
     assert line.in_flight == 0 and line.waiting == 0
+
+
+async def test_a_burst_that_arrived_before_any_estimate_is_judged_when_the_first_run_ends() -> None:
+    """Issue 45's timeouts at 64 in flight: a burst that arrives before any run has ended
+    stands in line unjudged (nothing is known yet). When the first run gives its slot back (a
+    hold of 10 s observed, one slot, 25 s allowed), the line judges every waiting run again:
+    the first takes the slot, the second (10 s more, then 10 s of its own) stays, and the rest,
+    who could not be served within 25 s, are refused then, not at their deadline; their
+    refusal says how long they waited and that nothing of them ran."""
+    line = admission.Line("test")
+    await line.enter(1, lambda *_: None)
+    queued: list[int] = []
+    burst = [asyncio.create_task(line.enter(1, lambda ahead, _: queued.append(ahead), 25.0)) for _ in range(5)]
+    while len(queued) < 5:
+        await asyncio.sleep(0.01)
+    assert queued == [0, 1, 2, 3, 4] and line.shed == 0
+    line.observe_hold(10.0)
+    line.leave()
+    done, pending = await asyncio.wait(burst, timeout=5)
+    refused = [t.exception() for t in burst[2:]]
+    assert burst[0] in done and burst[0].exception() is None, "the first run did not take the slot"
+    assert pending == {burst[1]}, "the second run should still wait (10 s more and 10 s of its own fit in 25 s)"
+    assert all(isinstance(exc, admission.Shed) for exc in refused), refused
+    # each judged behind the two kept: 20 s more in line (the first's run, the second's), then 10
+    assert [exc.ahead for exc in refused] == [2, 2, 2]
+    assert all(0 < exc.waited < 5 and exc.hold == 10.0 and exc.expected == 20.0 for exc in refused), refused
+    assert line.shed == 3 and line.waiting == 1 and line.in_flight == 1 and line.gave_up == 0
+    text = admission.gave_up_text("A run", refused[0], "LIMIT", 1, "WAIT")
+    assert "refused after 0 s in line" in text and "hold it about 10 s" in text and "WAIT=25" in text, text
+    line.leave()  # the first run ends: the second takes its slot
+    await asyncio.wait_for(burst[1], 5)
+    line.leave()
+    assert line.in_flight == 0 and line.waiting == 0
+
+
+def test_a_sync_line_judges_its_waiting_callers_again_when_a_slot_is_given_back() -> None:
+    """The same for the backend's and the component's line: a caller that waited unjudged is
+    refused, when a slot is given back and the estimate says it cannot be served in time,
+    rather than at its deadline."""
+    import threading
+
+    line = admission.SyncLine("test")
+    line.enter(1, lambda *_: None)
+    results: list[BaseException | None] = [None, None]
+    waiting = threading.Barrier(3)
+
+    def caller(i: int) -> None:
+        try:
+            line.enter(1, lambda *_: waiting.wait(), 25.0)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            results[i] = exc
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
+    threads[0].start()
+    while line.waiting < 1:
+        time.sleep(0.01)
+    threads[1].start()
+    waiting.wait(timeout=10)
+    started = time.monotonic()
+    line.observe_hold(20.0)  # one slot, runs of 20 s: the second caller needs 20 + 20 > 25
+    line.leave()
+    threads[1].join(timeout=10)
+    assert not threads[1].is_alive() and time.monotonic() - started < 10
+    assert isinstance(results[1], admission.Shed) and results[1].waited > 0, results
+    threads[0].join(timeout=10)
+    assert results[0] is None and line.in_flight == 1 and line.shed == 1
+    line.leave()

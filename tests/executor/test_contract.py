@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -16,7 +15,7 @@ from lfx.execution.types import RunComplete, StepResult, Unit
 
 from langflow_sandbox_createos.executor import CreateOSExecutor
 
-from .conftest import drain
+from .conftest import drain, served_by_reused_guests
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
@@ -177,16 +176,9 @@ class TestCreateOSExecutorContractWithReuse(ExecutorContract):
     def contract_executor(
         self, executor_env: Any, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
     ) -> Iterator[Executor]:
-        from langflow_sandbox_createos.executor import reuse
-
         monkeypatch.setenv("CREATEOS_EXECUTOR_REUSE", "true")
         yield CreateOSExecutor()
-        for _ in range(300):  # a run's guest goes back once its exec has ended
-            if not any(guest.runs for guest in reuse.domains.guests()):
-                break
-            time.sleep(0.1)
-        served = sum(guest.served for guest in reuse.domains.guests())
-        reuse.domains.shutdown()
+        served = served_by_reused_guests()
         if getattr(self, "_ran_a_unit", False) and request.node.name not in NO_RUN:
             assert served > 0, "no run of this check was served by a reused guest"
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,3 +224,102 @@ async def test_a_failing_component_is_an_error_span_and_ends_the_trace_with_it(
     raiser = next(s for s in ours["spans"] if s["vertex"] == "middle")
     assert "parity-boom on hello" in str(raiser["error"]), raiser
     assert ours["end"] is not None and "parity-boom on hello" in str(ours["end"]["error"]), ours["end"]
+
+
+def split_loop_graph() -> Any:
+    """Chat Input -> Split Text (",") -> Loop.item -> Chat Output -> back to Loop.item, as a
+    served flow is: built from its JSON (lfx then runs each iteration as a subgraph of the run,
+    which opens a trace of its own for the run's id from inside the Loop's build)."""
+    from lfx.components.flow_controls.loop import LoopComponent
+    from lfx.components.input_output import ChatInput, ChatOutput
+    from lfx.components.processing.split_text import SplitTextComponent
+    from lfx.graph import Graph
+
+    from .parity.test_parity import FLOW_ID, USER_ID, _feed_back
+
+    chat_in = ChatInput(_id="ChatInput-loop1")
+    split = SplitTextComponent(_id="SplitText-loop2")
+    split.set(data_inputs=chat_in.message_response, separator=",", chunk_size=1, chunk_overlap=0)
+    loop = LoopComponent(_id="LoopComponent-loop3")
+    loop.set(data=split.split_text)
+    body = ChatOutput(_id="ChatOutput-loop4")
+    body.set(input_value=loop.item_output)
+    _feed_back(loop, body, "message")
+    data = Graph(chat_in, body).dump()["data"]
+    return Graph.from_payload(data, flow_id=FLOW_ID, user_id=USER_ID)
+
+
+async def test_a_loop_flow_gives_the_operator_one_ended_trace_as_in_process(
+    tracing: RecordingTracing, memory: HostMemory
+) -> None:
+    """In-process each loop iteration's subgraph starts a trace for the run's id that is never
+    ended (Langflow's service never flushes it: the operator sees one trace per run). At f7cbc2a
+    the executor replayed each of those as a trace of the host's, ended them all with "the run
+    ended before its trace did", and Langflow's trace view wrote one trace id four times at once
+    (`UNIQUE constraint failed: trace.id`)."""
+    found = []
+    for executor in (InProcessExecutor(), CreateOSExecutor()):
+        before = len(tracing.traces)
+        graph = split_loop_graph()
+        graph.set_run_id()
+        await run_flow(executor, graph, memory, "s-loop", [{"input_value": "a,b,c"}])
+        for _ in range(20):  # lfx ends a trace in a task of its own
+            await asyncio.sleep(0.05)
+        new = tracing.traces[before:]
+        ended = [t for t in new if t.end is not None]
+        assert len(ended) == 1, (type(executor).__name__, [tree(t) for t in new])
+        assert ended[0].start["run_id"] == str(graph._run_id)
+        found.append(tree(ended[0]))
+        if isinstance(executor, CreateOSExecutor):  # nothing half-open is left on the host
+            assert new == ended, [tree(t) for t in new]
+    reference, ours = found
+    reference["start"].pop("run_id")
+    ours["start"].pop("run_id")
+    assert _untimed(ours) == _untimed(reference)
+    assert [s["vertex"] for s in ours["spans"]] == [
+        "ChatInput-loop1",
+        "LoopComponent-loop3",
+        "SplitText-loop2",
+    ]
+    assert ours["end"]["error"] is None, ours["end"]
+
+
+def _untimed(found: dict[str, Any]) -> Any:
+    """The Loop logs how long its iterations took ("Completed 3 iteration(s) in 0.050s")."""
+    return json.loads(re.sub(r"in \d+\.\d+s", "in <t>s", json.dumps(found, default=str)))
+
+
+async def test_traces_of_one_run_reach_the_tracers_one_after_another(tracing: RecordingTracing) -> None:
+    """A guest may open a run's next trace before the last one ended (Graph.arun's passes end
+    theirs in a task); every trace of a run has the run's id, so the host starts the next only
+    once the last has ended: Langflow's trace view writes a trace by id, two writers at once
+    lose one."""
+    from langflow_sandbox_createos.executor.tracing import HostTrace
+
+    calls: list[str] = []
+    start, end = tracing.start_tracers, tracing.end_tracers
+
+    async def slow_start(*args: Any, **kwargs: Any) -> None:
+        calls.append("start")
+        await start(*args, **kwargs)
+
+    async def slow_end(outputs: dict[str, Any], error: BaseException | None = None) -> None:
+        calls.append("end")
+        await asyncio.sleep(0.2)  # the native tracer's flush
+        await end(outputs, error)
+        calls.append("flushed")
+
+    tracing.start_tracers = slow_start  # type: ignore[method-assign]
+    tracing.end_tracers = slow_end  # type: ignore[method-assign]
+    run_id = "0f0f0f0f-0000-4000-8000-000000000001"
+    host = HostTrace(None, {"tracing": {}, "run_id": run_id, "flow_id": "f", "graph": {"nodes": []}})
+    host.handle({"op": "start", "trace": 1, "run_id": run_id})
+    host.handle({"op": "start", "trace": 2, "run_id": run_id})
+    host.handle({"op": "end", "trace": 1, "outputs": {}})
+    host.handle({"op": "end", "trace": 2, "outputs": {}})
+    await host.close(None)
+    assert calls == ["start", "end", "flushed", "start", "end", "flushed"], calls
+    assert [t.start["run_id"] for t in tracing.traces] == [run_id, run_id]
+    assert all(
+        t.end == {"outputs": {"flow_id": "f", "flow_name": None}, "error": None} for t in tracing.traces
+    )

@@ -9,7 +9,10 @@ LangSmith, Langfuse, ...). Here a relay takes lfx's place in the guest's service
 live; the host replays them into its own service in the same order.
 
 Only the run's own trace crosses: a Run Flow target that opens a trace of its own in-process
-is traced there, not here (its components' spans are not relayed). LangChain callbacks (a
+is traced there, not here (its components' spans are not relayed). As in Langflow's service,
+the open trace belongs to the caller's context: a loop iteration's subgraph that starts a trace
+for the run's id from inside a component's build gets, in-process, a trace of its own that is
+never ended or flushed; here it opens nothing on the host, and the run's own trace goes on. LangChain callbacks (a
 tracer's per-LLM-call child spans) stay empty in the guest.
 """
 
@@ -24,8 +27,12 @@ from typing import Any
 from langflow_sandbox_createos.executor.guest.frames import Frames, _json_default
 
 TRACE_FRAME_MAX = 2 * 1024 * 1024  # a bigger span payload is sent without its values
-# The relayed span the current task is in (0: none, or a span that is not relayed).
-_SPAN: contextvars.ContextVar[int] = contextvars.ContextVar("createos_trace_span", default=0)
+# The relayed span the current task is in, with its trace ((0, 0): none, or not relayed).
+_SPAN: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar("createos_trace_span", default=(0, 0))
+# The trace the current context is in, as Langflow's `trace_context_var` (0: none; NESTED: a
+# subgraph's own trace, which in-process is never ended, so nothing of it is relayed).
+_TRACE: contextvars.ContextVar[int] = contextvars.ContextVar("createos_trace", default=0)
+NESTED = -1
 
 
 def _traceable(value: Any) -> Any:
@@ -59,18 +66,17 @@ class _TraceRelay:
         self._project_name = project_name if isinstance(project_name, str) else None
         self._traces = itertools.count(1)
         self._spans = itertools.count(1)
-        self._trace = 0  # the run graph's open trace
 
     def set_ready(self) -> None:
         self.ready = True
 
-    def _emit(self, op: str, **fields: Any) -> None:
+    def _emit(self, op: str, trace: int, **fields: Any) -> None:
         body = dict(fields)
         if len(json.dumps(body, default=_json_default)) > TRACE_FRAME_MAX:
             for key in ("inputs", "metadata", "outputs", "output_metadata", "log"):
                 if key in body:
                     body[key] = {"omitted": "too large to relay to the host's tracers"}
-        self.frames.emit("trace", op=op, trace=self._trace, **body)
+        self.frames.emit("trace", op=op, trace=trace, **body)
 
     def _runs_graph(self, run_id: Any = None, flow_id: Any = None) -> bool:
         graph = self.graph
@@ -90,32 +96,40 @@ class _TraceRelay:
         flow_id: Any = None,
         tracing_user_id: Any = None,
     ) -> None:
-        if self._runs_graph(run_id=run_id):
-            self._trace = next(self._traces)
-            self._emit("start", run_id=str(run_id))
+        if not self._runs_graph(run_id=run_id):
+            return
+        if _SPAN.get()[1] or _TRACE.get() == NESTED:  # from inside a component's build: a subgraph's
+            _TRACE.set(NESTED)
+            return
+        trace = next(self._traces)
+        _TRACE.set(trace)
+        self._emit("start", trace, run_id=str(run_id))
 
     async def end_tracers(self, outputs: Any, error: BaseException | None = None) -> None:
         outputs = outputs if isinstance(outputs, dict) else {}
-        if self._trace and self._runs_graph(flow_id=outputs.get("flow_id")):
-            self._emit("end", outputs=_traceable(outputs), error=_error(error))
+        trace = _TRACE.get()
+        if trace > 0 and self._runs_graph(flow_id=outputs.get("flow_id")):
+            self._emit("end", trace, outputs=_traceable(outputs), error=_error(error))
 
     @contextlib.asynccontextmanager
     async def trace_component(
         self, component: Any, trace_name: str, inputs: Any, metadata: Any = None
     ) -> Any:
         graph = getattr(component, "graph", None)
-        if not self._trace or graph is None or graph is not self.graph:
-            token = _SPAN.set(0)  # its logs and outputs belong to no relayed span
+        trace = _TRACE.get()
+        if trace <= 0 or graph is None or graph is not self.graph:
+            token = _SPAN.set((0, 0))  # its logs and outputs belong to no relayed span
             try:
                 yield self
             finally:
                 _SPAN.reset(token)
             return
         span = next(self._spans)
-        token = _SPAN.set(span)
+        token = _SPAN.set((trace, span))
         vertex = component.get_vertex() if callable(getattr(component, "get_vertex", None)) else None
         self._emit(
             "span",
+            trace,
             span=span,
             vertex=str(vertex.id) if vertex is not None else None,
             trace_name=str(trace_name),
@@ -126,22 +140,25 @@ class _TraceRelay:
         try:
             yield self
         except BaseException as exc:
-            self._emit("span_end", span=span, error=_error(exc))
+            self._emit("span_end", trace, span=span, error=_error(exc))
             raise
         else:
-            self._emit("span_end", span=span, error=None)
+            self._emit("span_end", trace, span=span, error=None)
         finally:
             _SPAN.reset(token)
 
     def add_log(self, trace_name: str, log: Any) -> None:
-        if _SPAN.get():
-            self._emit("log", span=_SPAN.get(), trace_name=str(trace_name), log=_traceable(log))
+        trace, span = _SPAN.get()
+        if span:
+            self._emit("log", trace, span=span, trace_name=str(trace_name), log=_traceable(log))
 
     def set_outputs(self, trace_name: str, outputs: Any, output_metadata: Any = None) -> None:
-        if _SPAN.get():
+        trace, span = _SPAN.get()
+        if span:
             self._emit(
                 "outputs",
-                span=_SPAN.get(),
+                trace,
+                span=span,
                 trace_name=str(trace_name),
                 outputs=_traceable(outputs or {}),
                 output_metadata=_traceable(output_metadata or {}),

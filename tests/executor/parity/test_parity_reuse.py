@@ -6,14 +6,12 @@ here."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from langflow_sandbox_createos.executor import reuse
-
+from ..conftest import served_by_reused_guests
 from .test_parity import *  # noqa: F403  (the same tests, collected again under reuse)
 from .test_parity import memory  # noqa: F401  (its fixture)
 
@@ -22,9 +20,4 @@ from .test_parity import memory  # noqa: F401  (its fixture)
 def _reusing(executor_env: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("CREATEOS_EXECUTOR_REUSE", "true")
     yield
-    deadline = time.monotonic() + 30
-    while any(guest.runs for guest in reuse.domains.guests()) and time.monotonic() < deadline:
-        time.sleep(0.05)  # a run's guest goes back once its exec has ended
-    served = sum(guest.served for guest in reuse.domains.guests())
-    reuse.domains.shutdown()
-    assert served > 0, "no run of this test was served by a reused guest"
+    assert served_by_reused_guests() > 0, "no run of this test was served by a reused guest"
