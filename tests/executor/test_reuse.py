@@ -214,3 +214,31 @@ async def test_the_warm_runner_is_warmed_with_the_domains_own_flow(reusing: Any)
     assert notes.exit_code == 0, notes
     builders = notes.stdout.split()  # the warm runner at its start, then the run's own process
     assert len(builders) >= 2 and builders[0] != builders[-1], builders
+
+
+async def test_the_warm_runner_loads_what_a_run_imported_on_first_use(reusing: Any) -> None:
+    """A component that imports a module only when it runs (the OpenAI model imports its client,
+    0.8 s of CPU, on first use) made every run forked from the warm runner import it again: 1.3 s
+    of guest CPU per work-flow run in S8 (issue 45). Now a run that ended well names the modules
+    it imported to the runner, which imports them from the image: the first run's process had
+    to import the module, the later runs (three processes, one guest) start with it."""
+    from lfx.execution.types import Unit
+
+    from .conftest import middle_graph
+    from .flow_components.lazy_importer import LAZY, LazyImporter
+
+    seen, guests = [], set()
+    for _ in range(3):
+        graph = middle_graph(LazyImporter, "use")
+        graph.user_id, graph.flow_id = USER_ID, str(uuid.UUID(int=46))
+        items = await drain(
+            CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": "x"}], runtime_options={}))
+        )
+        (status,) = [i.payload for i in items if isinstance(getattr(i, "payload", None), GuestStatus)]
+        guests.add(status.sandbox_id)
+        outputs = items[-1].outputs[0].outputs
+        (text,) = [r.results["message"].text for r in outputs if r and "message" in (r.results or {})]
+        pid, had = text.split(":")
+        seen.append((pid, had))
+    assert len(guests) == 1 and len({pid for pid, _ in seen}) == 3, (guests, seen)
+    assert [had for _, had in seen] == ["False", "True", "True"], (LAZY, seen)

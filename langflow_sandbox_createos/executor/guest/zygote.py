@@ -14,28 +14,40 @@ stderr, secret, watchdog and exit status, and pays neither a boot nor lfx's impo
 whose connector goes away (its exec was closed: the run was cancelled or timed out on the
 host) has its process group killed. Nothing of one run's secret or spec passes through the
 zygote.
+
+A run that ended well tells the zygote, on a pipe of its own, which modules it imported that
+the zygote had not (`main._tell_learned`): the imports its components make only on first use
+(the OpenAI model's client, 0.8 s of CPU). The zygote imports them (names only, from the
+image's own library directories), so the runs forked after it start with them loaded, as an
+in-process server's runs after its first do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import json
 import os
+import re
 import select
 import signal
 import socket
 import struct
 import sys
+import sysconfig
 import time
 from typing import Any
 
 from langflow_sandbox_createos.executor.guest.install import _ensure_lfx, _lfx_version
-from langflow_sandbox_createos.executor.guest.main import _cold, _preload, _start
+from langflow_sandbox_createos.executor.guest.main import _LEARNING, LEARN_MAX_BYTES, _cold, _preload, _start
 from langflow_sandbox_createos.executor.guest.sandbox_bridge import _SANDBOX_SEAMS
 
 ZYGOTE_SOCKET = "/tmp/.createos-zygote/runner.sock"  # in a directory only the warm runner enters
 ZYGOTE_MAX_RUNS = 64  # runs of one guest at once (the host bounds them lower)
 ZYGOTE_TICK_SECONDS = 0.05  # how often the loop looks for children that ended
+LEARN_MAX_MODULES = 4000  # names the zygote takes from one run
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 # One run: `python3 *CONNECTOR_ARGV` with the run's boot document on stdin. -I -S: no site
 # import, no environment, no user paths (the connector needs the standard library only, and
@@ -103,9 +115,10 @@ def zygote_main(boot: dict[str, Any]) -> None:
 
 
 class _Child:
-    def __init__(self, pid: int, conn: socket.socket) -> None:
+    def __init__(self, pid: int, conn: socket.socket, learned: int) -> None:
         self.pid = pid
         self.conn = conn
+        self.learned = learned  # the read end of the pipe the run names its new modules on
 
 
 def _serve(listener: socket.socket, idle_seconds: float) -> None:
@@ -140,12 +153,17 @@ def _accept(listener: socket.socket, children: dict[int, _Child]) -> None:
             os.close(fd)
         conn.close()
         return
+    learned, tell = os.pipe()
     pid = os.fork()
     if pid == 0:
+        os.close(learned)
+        _LEARNING.update(fd=tell, known=frozenset(sys.modules))
         _child(listener, conn, fds, children)
+    os.close(tell)
+    os.set_blocking(learned, False)
     for fd in fds:
         os.close(fd)
-    children[conn.fileno()] = _Child(pid, conn)
+    children[conn.fileno()] = _Child(pid, conn, learned)
 
 
 def _child(listener: socket.socket, conn: socket.socket, fds: list[int], children: dict[int, _Child]) -> None:
@@ -160,6 +178,7 @@ def _child(listener: socket.socket, conn: socket.socket, fds: list[int], childre
         conn.close()
         for other in children.values():
             other.conn.close()
+            os.close(other.learned)
         sys.stdout = os.fdopen(1, "w", closefd=False)
         sys.stderr = os.fdopen(2, "w", closefd=False)
         with os.fdopen(0, "rb", closefd=False) as stdin:
@@ -177,6 +196,7 @@ def _hung_up(child: _Child) -> None:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(child.pid, 0)
     child.conn.close()
+    os.close(child.learned)
 
 
 def _reap(children: dict[int, _Child]) -> None:
@@ -196,3 +216,42 @@ def _reap(children: dict[int, _Child]) -> None:
             child.conn.sendall(struct.pack("!i", code))
         child.conn.close()
         del children[key]
+        told = b""
+        with contextlib.suppress(OSError):
+            told = os.read(child.learned, LEARN_MAX_BYTES)
+        os.close(child.learned)
+        if code == 0 and told:
+            _learn(told)
+
+
+def _learn(told: bytes) -> None:
+    """Import the modules a run that ended well imported and this runner lacks, in the order
+    the run imported them: names only, each from the image's own library directories (the
+    standard library and site-packages this interpreter started with). Failures are ignored."""
+    roots = tuple(
+        os.path.realpath(path)
+        for key in ("stdlib", "platstdlib", "purelib", "platlib")
+        if (path := sysconfig.get_paths().get(key))
+    )
+    for name in told.decode("ascii", "ignore").split("\n")[:LEARN_MAX_MODULES]:
+        if name in sys.modules or not _MODULE_NAME.fullmatch(name) or not _from_the_image(name, roots):
+            continue
+        with contextlib.suppress(BaseException):  # a module that fails to import is not needed here
+            importlib.import_module(name)
+
+
+def _from_the_image(name: str, roots: tuple[str, ...]) -> bool:
+    """Whether the top-level package of `name` is the image's: a built-in module, or one found
+    under one of `roots` (never a file a run left elsewhere, in /tmp or its working directory)."""
+    try:
+        spec = importlib.util.find_spec(name.partition(".")[0])
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    if spec.origin in ("built-in", "frozen"):
+        return True
+    places = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
+    return bool(places) and all(
+        os.path.realpath(place).startswith(tuple(root + os.sep for root in roots)) for place in places
+    )
