@@ -508,7 +508,7 @@ def test_a_sync_line_judges_its_waiting_callers_again_when_a_slot_is_given_back(
     def caller(i: int) -> None:
         try:
             line.enter(1, lambda *_: waiting.wait(), 25.0)
-        except BaseException as exc:  # noqa: BLE001 - the test reads it
+        except BaseException as exc:  # the test reads it
             results[i] = exc
 
     threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
