@@ -394,7 +394,12 @@ async def test_a_run_the_line_cannot_serve_within_its_wait_is_refused_at_once() 
     with pytest.raises(admission.Shed) as caught:
         await line.enter(2, said, 22.0)
     refused = caught.value
-    assert refused.expected == 15.0 and refused.max_wait == 22.0 and refused.waited == 0.0 and refused.hold == 10.0
+    assert (
+        refused.expected == 15.0
+        and refused.max_wait == 22.0
+        and refused.waited == 0.0
+        and refused.hold == 10.0
+    )
     assert refused.ahead == 2 and refused.in_flight == 2
     assert line.shed == 1 and line.waiting == 2 and line.in_flight == 2 and len(waits) == 2
     # the runs in line were let in, and still are served in order
@@ -471,7 +476,9 @@ async def test_a_burst_that_arrived_before_any_estimate_is_judged_when_the_first
     line = admission.Line("test")
     await line.enter(1, lambda *_: None)
     queued: list[int] = []
-    burst = [asyncio.create_task(line.enter(1, lambda ahead, _: queued.append(ahead), 25.0)) for _ in range(5)]
+    burst = [
+        asyncio.create_task(line.enter(1, lambda ahead, _: queued.append(ahead), 25.0)) for _ in range(5)
+    ]
     while len(queued) < 5:
         await asyncio.sleep(0.01)
     assert queued == [0, 1, 2, 3, 4] and line.shed == 0
@@ -480,7 +487,9 @@ async def test_a_burst_that_arrived_before_any_estimate_is_judged_when_the_first
     done, pending = await asyncio.wait(burst, timeout=5)
     refused = [t.exception() for t in burst[2:]]
     assert burst[0] in done and burst[0].exception() is None, "the first run did not take the slot"
-    assert pending == {burst[1]}, "the second run should still wait (10 s more and 10 s of its own fit in 25 s)"
+    assert pending == {burst[1]}, (
+        "the second run should still wait (10 s more and 10 s of its own fit in 25 s)"
+    )
     assert all(isinstance(exc, admission.Shed) for exc in refused), refused
     # each judged behind the two kept: 20 s more in line (the first's run, the second's), then 10
     assert [exc.ahead for exc in refused] == [2, 2, 2]
