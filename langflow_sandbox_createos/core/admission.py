@@ -59,11 +59,14 @@ HOLD_WEIGHT = 0.2
 def expected_wait(mean_hold: float | None, ahead: int, limit: int) -> float | None:
     """How long a run arriving behind ``ahead`` waiting runs, with all ``limit`` slots busy,
     should expect to wait: ``ahead + 1`` slots must free, and ``limit`` slots free one every
-    ``mean_hold / limit`` seconds on average (``ahead`` -1: a slot is freeing for it now).
-    None while no hold time was observed."""
-    if mean_hold is None:
-        return None
-    return (ahead + 1) * mean_hold / max(1, limit)
+    ``mean_hold / limit`` seconds on average. None while no hold time was observed."""
+    return None if mean_hold is None else _slots_wait(mean_hold, ahead + 1, limit)
+
+
+def _slots_wait(mean_hold: float, slots: int, limit: int) -> float:
+    """How long ``limit`` busy slots take to free ``slots`` of them, one every ``mean_hold /
+    limit`` seconds on average."""
+    return slots * mean_hold / max(1, limit)
 
 
 class WaitedTooLong(Exception):
@@ -92,15 +95,6 @@ class Shed(WaitedTooLong):
             f"would wait about {expected:.0f} s more in line and then hold its guest about {hold:.0f} s, "
             f"past {max_wait:g} s",
         )
-
-
-def _late(mean_hold: float | None, ahead: int, limit: int, budget: float) -> float | None:
-    """The expected wait of a run behind ``ahead`` others if it and a run's usual hold would
-    not fit in ``budget`` seconds (None: it fits, or nothing is known yet)."""
-    expected = expected_wait(mean_hold, ahead, limit)
-    if expected is None or mean_hold is None or expected + mean_hold <= budget:
-        return None
-    return expected
 
 
 def gave_up_text(what: str, exc: WaitedTooLong, limit_setting: str, limit: int, wait_setting: str) -> str:
@@ -157,13 +151,14 @@ class _Counts:
         """The refusal of a run behind ``ahead`` others that has waited ``waited`` seconds, if
         the line expects it could not be served within ``max_wait`` (called with the lock held;
         ``freeing``: a slot is being given back now, the first of those runs takes it)."""
-        if not max_wait:
+        hold = self._mean_hold
+        if not max_wait or hold is None:
             return None
-        expected = _late(self._mean_hold, ahead - 1 if freeing else ahead, limit, max_wait - waited)
-        if expected is None or self._mean_hold is None:
+        expected = _slots_wait(hold, ahead if freeing else ahead + 1, limit)
+        if expected + hold <= max_wait - waited:
             return None
         self.shed += 1
-        return Shed(expected, max_wait, ahead, self._in_flight, self._mean_hold, waited)
+        return Shed(expected, max_wait, ahead, self._in_flight, hold, waited)
 
     def expected_wait_locked(self, ahead: int, limit: int) -> float | None:
         return expected_wait(self._mean_hold, ahead, limit)
@@ -253,9 +248,9 @@ class Line(_Counts):
         """A waiter gives up: it leaves the line, or passes on the slot handed to it in that
         instant. Returns (runs that were ahead of it, runs in flight)."""
         with self._lock:
-            granted = waiter.granted
-            ahead = self._waiters.index(waiter) if waiter in self._waiters else 0
-            if waiter in self._waiters:
+            granted, ahead = waiter.granted, 0
+            if waiter in self._waiters:  # not handed a slot, nor refused
+                ahead = self._waiters.index(waiter)
                 self._waiters.remove(waiter)
             in_flight = self._in_flight
         if granted:
@@ -390,7 +385,7 @@ class SyncLine(_Counts):
                 while not (ticket == self._serving and self._in_flight < limit):
                     waited = time.monotonic() - started
                     ahead = ticket - self._serving - sum(1 for t in self._abandoned if t < ticket)
-                    shed = self._shed_locked(ahead, limit, max_wait, waited) if waited > 0 else None
+                    shed = self._shed_locked(ahead, limit, max_wait, waited)
                     if shed is not None:  # judged again: a slot was given back
                         raise shed
                     left = None if not max_wait else started + max_wait - time.monotonic()
