@@ -189,7 +189,7 @@ class HostTrace:
         if op == "start":
             if number in self.traces:
                 raise ValueError(f"trace {number} started twice")
-            last = self.traces[max(self.traces)] if self.traces else None
+            last = next(reversed(self.traces.values()), None)  # the one started before it
             self.traces[number] = _Trace(self._service(), self._start_args(frame.get("run_id")), last)
             return
         trace = self.traces.get(number)

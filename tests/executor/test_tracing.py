@@ -227,26 +227,14 @@ async def test_a_failing_component_is_an_error_span_and_ends_the_trace_with_it(
 
 
 def split_loop_graph() -> Any:
-    """Chat Input -> Split Text (",") -> Loop.item -> Chat Output -> back to Loop.item, as a
-    served flow is: built from its JSON (lfx then runs each iteration as a subgraph of the run,
-    which opens a trace of its own for the run's id from inside the Loop's build)."""
-    from lfx.components.flow_controls.loop import LoopComponent
-    from lfx.components.input_output import ChatInput, ChatOutput
-    from lfx.components.processing.split_text import SplitTextComponent
+    """The Split Text -> Loop -> Chat Output flow, as a served flow is: built from its JSON (lfx
+    then runs each iteration as a subgraph of the run, which opens a trace of its own for the
+    run's id from inside the Loop's build)."""
     from lfx.graph import Graph
 
-    from .parity.test_parity import FLOW_ID, USER_ID, _feed_back
+    from .parity.test_parity import FLOW_ID, USER_ID, split_loop_flow
 
-    chat_in = ChatInput(_id="ChatInput-loop1")
-    split = SplitTextComponent(_id="SplitText-loop2")
-    split.set(data_inputs=chat_in.message_response, separator=",", chunk_size=1, chunk_overlap=0)
-    loop = LoopComponent(_id="LoopComponent-loop3")
-    loop.set(data=split.split_text)
-    body = ChatOutput(_id="ChatOutput-loop4")
-    body.set(input_value=loop.item_output)
-    _feed_back(loop, body, "message")
-    data = Graph(chat_in, body).dump()["data"]
-    return Graph.from_payload(data, flow_id=FLOW_ID, user_id=USER_ID)
+    return Graph.from_payload(split_loop_flow("loop"), flow_id=FLOW_ID, user_id=USER_ID)
 
 
 async def test_a_loop_flow_gives_the_operator_one_ended_trace_as_in_process(
@@ -289,11 +277,14 @@ def _untimed(found: dict[str, Any]) -> Any:
     return json.loads(re.sub(r"in \d+\.\d+s", "in <t>s", json.dumps(found, default=str)))
 
 
-async def test_traces_of_one_run_reach_the_tracers_one_after_another(tracing: RecordingTracing) -> None:
+@pytest.mark.parametrize("numbers", [(1, 2), (5, 2, 3)], ids=["in-order", "out-of-order"])
+async def test_traces_of_one_run_reach_the_tracers_one_after_another(
+    tracing: RecordingTracing, numbers: tuple[int, ...]
+) -> None:
     """A guest may open a run's next trace before the last one ended (Graph.arun's passes end
     theirs in a task); every trace of a run has the run's id, so the host starts the next only
     once the last has ended: Langflow's trace view writes a trace by id, two writers at once
-    lose one."""
+    lose one. "The last" is the one started last, whatever number the guest gave it."""
     from langflow_sandbox_createos.executor.tracing import HostTrace
 
     calls: list[str] = []
@@ -313,13 +304,13 @@ async def test_traces_of_one_run_reach_the_tracers_one_after_another(tracing: Re
     tracing.end_tracers = slow_end  # type: ignore[method-assign]
     run_id = "0f0f0f0f-0000-4000-8000-000000000001"
     host = HostTrace(None, {"tracing": {}, "run_id": run_id, "flow_id": "f", "graph": {"nodes": []}})
-    host.handle({"op": "start", "trace": 1, "run_id": run_id})
-    host.handle({"op": "start", "trace": 2, "run_id": run_id})
-    host.handle({"op": "end", "trace": 1, "outputs": {}})
-    host.handle({"op": "end", "trace": 2, "outputs": {}})
+    for number in numbers:
+        host.handle({"op": "start", "trace": number, "run_id": run_id})
+    for number in numbers:
+        host.handle({"op": "end", "trace": number, "outputs": {}})
     await host.close(None)
-    assert calls == ["start", "end", "flushed", "start", "end", "flushed"], calls
-    assert [t.start["run_id"] for t in tracing.traces] == [run_id, run_id]
+    assert calls == ["start", "end", "flushed"] * len(numbers), calls
+    assert [t.start["run_id"] for t in tracing.traces] == [run_id] * len(numbers)
     assert all(
         t.end == {"outputs": {"flow_id": "f", "flow_name": None}, "error": None} for t in tracing.traces
     )

@@ -12,8 +12,8 @@ Only the run's own trace crosses: a Run Flow target that opens a trace of its ow
 is traced there, not here (its components' spans are not relayed). As in Langflow's service,
 the open trace belongs to the caller's context: a loop iteration's subgraph that starts a trace
 for the run's id from inside a component's build gets, in-process, a trace of its own that is
-never ended or flushed; here it opens nothing on the host, and the run's own trace goes on. LangChain callbacks (a
-tracer's per-LLM-call child spans) stay empty in the guest.
+never ended or flushed; here it opens nothing on the host, and the run's own trace goes on.
+LangChain callbacks (a tracer's per-LLM-call child spans) stay empty in the guest.
 """
 
 from __future__ import annotations
