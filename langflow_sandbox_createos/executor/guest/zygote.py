@@ -228,23 +228,29 @@ def _learn(told: bytes) -> None:
     """Import the modules a run that ended well imported and this runner lacks, in the order
     the run imported them: names only, each from the image's own library directories (the
     standard library and site-packages this interpreter started with). Failures are ignored."""
+    paths = sysconfig.get_paths()
     roots = tuple(
-        os.path.realpath(path)
+        os.path.realpath(paths[key]) + os.sep
         for key in ("stdlib", "platstdlib", "purelib", "platlib")
-        if (path := sysconfig.get_paths().get(key))
+        if paths.get(key)
     )
+    judged: dict[str, bool] = {}  # by top-level package: a run names many modules of one
     for name in told.decode("ascii", "ignore").split("\n")[:LEARN_MAX_MODULES]:
-        if name in sys.modules or not _MODULE_NAME.fullmatch(name) or not _from_the_image(name, roots):
+        if name in sys.modules or not _MODULE_NAME.fullmatch(name):
             continue
-        with contextlib.suppress(BaseException):  # a module that fails to import is not needed here
-            importlib.import_module(name)
+        top = name.partition(".")[0]
+        if top not in judged:
+            judged[top] = _from_the_image(top, roots)
+        if judged[top]:
+            with contextlib.suppress(BaseException):  # a module that fails to import is not needed here
+                importlib.import_module(name)
 
 
-def _from_the_image(name: str, roots: tuple[str, ...]) -> bool:
-    """Whether the top-level package of `name` is the image's: a built-in module, or one found
+def _from_the_image(top: str, roots: tuple[str, ...]) -> bool:
+    """Whether the top-level package `top` is the image's: a built-in module, or one found
     under one of `roots` (never a file a run left elsewhere, in /tmp or its working directory)."""
     try:
-        spec = importlib.util.find_spec(name.partition(".")[0])
+        spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return False
     if spec is None:
@@ -252,6 +258,4 @@ def _from_the_image(name: str, roots: tuple[str, ...]) -> bool:
     if spec.origin in ("built-in", "frozen"):
         return True
     places = [spec.origin] if spec.origin else list(spec.submodule_search_locations or [])
-    return bool(places) and all(
-        os.path.realpath(place).startswith(tuple(root + os.sep for root in roots)) for place in places
-    )
+    return bool(places) and all(os.path.realpath(place).startswith(roots) for place in places)
