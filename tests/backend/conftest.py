@@ -7,8 +7,10 @@ plane handle that clears faults and, after the test, asserts no live guest is le
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,3 +90,22 @@ def undeleted_guests(cp: Any) -> list[dict[str, Any]]:
     """Guests whose DELETE the control plane has not accepted yet (``destroying`` counts as
     deleted: the control plane finishes it on its own)."""
     return [sb for sb in cp.live_sandboxes() if sb["status"] != "destroying"]
+
+
+def lfx_process_env(cp: Any, tmp_path: Path) -> dict[str, str]:
+    """The environment of a fresh lfx (or Langflow) process with the backend switched on against
+    `cp`: only what an operator would set, plus what a process needs to start at all."""
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "SYSTEMROOT", "TMPDIR")}
+    env.update(
+        HOME=str(tmp_path),
+        # Not named "langflow": a directory of that name on sys.path would shadow the
+        # (uninstalled) langflow package and break lfx's settings.
+        LANGFLOW_CONFIG_DIR=str(tmp_path / "lf-config"),
+        LANGFLOW_SANDBOX_BACKEND_PLUGINS="createos",
+        LANGFLOW_SANDBOX_BACKEND="createos",
+        CREATEOS_SANDBOX_API_KEY=cp.api_key,
+        CREATEOS_SANDBOX_BASE_URL=cp.url,
+        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS="true",
+        CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION="true",  # createos-local
+    )
+    return env

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from backend.conftest import lfx_process_env  # tests/ is the import root
+
 # Runs in the child. Prints one JSON line on the last line of stdout.
 CHILD = r"""
 import json, sys
@@ -72,29 +74,11 @@ def _child(env: dict[str, str], code: str, tmp_path: Path) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _base_env(cp: Any, tmp_path: Path) -> dict[str, str]:
-    # Only what an operator would set, plus what a process needs to start at all.
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "SYSTEMROOT", "TMPDIR")}
-    env.update(
-        HOME=str(tmp_path),
-        # Not named "langflow": a directory of that name on sys.path would shadow the
-        # (uninstalled) langflow package and break lfx's settings.
-        LANGFLOW_CONFIG_DIR=str(tmp_path / "lf-config"),
-        LANGFLOW_SANDBOX_BACKEND_PLUGINS="createos",
-        LANGFLOW_SANDBOX_BACKEND="createos",
-        CREATEOS_SANDBOX_API_KEY=cp.api_key,
-        CREATEOS_SANDBOX_BASE_URL=cp.url,
-        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS="true",
-        CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION="true",  # createos-local
-    )
-    return env
-
-
 def test_lfx_discovers_the_backend_and_the_python_interpreter_runs_on_a_guest(
     cp: Any, tmp_path: Path
 ) -> None:
     marker = str(tmp_path / "ran-in-process")
-    report = _child(_base_env(cp, tmp_path), GUEST_CODE.format(marker=marker), tmp_path)
+    report = _child(lfx_process_env(cp, tmp_path), GUEST_CODE.format(marker=marker), tmp_path)
     assert "createos" in report["known"]
     assert report["backend"] == "langflow_sandbox_createos.backend.engine.CreateOSBackend"
     assert "unavailable" not in report, report
@@ -106,7 +90,7 @@ def test_lfx_discovers_the_backend_and_the_python_interpreter_runs_on_a_guest(
 
 
 def test_missing_key_fails_closed_and_nothing_runs_in_process(cp: Any, tmp_path: Path) -> None:
-    env = _base_env(cp, tmp_path)
+    env = lfx_process_env(cp, tmp_path)
     del env["CREATEOS_SANDBOX_API_KEY"]
     marker = str(tmp_path / "ran-in-process")
     before = {row["id"] for row in cp.sandboxes()}
@@ -122,7 +106,7 @@ def test_lfx_refuses_egress_off_when_deny_all_is_not_declared(cp: Any, tmp_path:
     """lfx's dispatcher refuses egress-off code on a backend that does not declare deny-all.
     Without the acknowledgement ours does not (169.254.0.0/16 stays reachable), so lfx's own
     refusal comes first and no guest is created. (With it, the first test above runs.)"""
-    env = _base_env(cp, tmp_path)
+    env = lfx_process_env(cp, tmp_path)
     del env["LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS"]
     before = cp.sandboxes()
     report = _child(env, "print('ran')", tmp_path)

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 import pytest
-from executor.parity.test_parity import _feed_back  # tests/ is the import root
+from executor.parity.test_parity import split_loop_flow  # tests/ is the import root
 
 from .conftest import LangflowServer, trace_view
 
@@ -22,20 +22,7 @@ pytestmark = [pytest.mark.langflow, pytest.mark.timeout(900)]
 
 def loop_flow() -> dict[str, Any]:
     """ChatInput -> Split Text (",") -> Loop.item -> ChatOutput -> back to Loop.item."""
-    from lfx.components.flow_controls.loop import LoopComponent
-    from lfx.components.input_output import ChatInput, ChatOutput
-    from lfx.components.processing.split_text import SplitTextComponent
-    from lfx.graph import Graph
-
-    chat_in = ChatInput(_id="ChatInput-e2e01")
-    split = SplitTextComponent(_id="SplitText-e2e02")
-    split.set(data_inputs=chat_in.message_response, separator=",", chunk_size=1, chunk_overlap=0)
-    loop = LoopComponent(_id="LoopComponent-e2e03")
-    loop.set(data=split.split_text)
-    body = ChatOutput(_id="ChatOutput-e2e04")
-    body.set(input_value=loop.item_output)
-    _feed_back(loop, body, "message")
-    return Graph(chat_in, body).dump()["data"]
+    return split_loop_flow("e2e0")
 
 
 def chat_flow(input_id: str = "ChatInput-e2e11", output_id: str = "ChatOutput-e2e12") -> dict[str, Any]:

@@ -17,12 +17,12 @@ refusal is checked over HTTP on a real server in test_executor_shedding.py."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from backend.conftest import lfx_process_env  # tests/ is the import root
 
 from .conftest import VENV_LANGFLOW
 
@@ -60,19 +60,8 @@ print(json.dumps(report, default=str))
 
 
 def refusal(surface: str, cp: Any, tmp_path: Path) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL", "TMPDIR")}
-    env.update(
-        HOME=str(tmp_path),
-        LANGFLOW_CONFIG_DIR=str(tmp_path / "lf-config"),
-        LANGFLOW_SANDBOX_BACKEND_PLUGINS="createos",
-        LANGFLOW_SANDBOX_BACKEND="createos",
-        CREATEOS_SANDBOX_API_KEY=cp.api_key,
-        CREATEOS_SANDBOX_BASE_URL=cp.url,
-        LANGFLOW_SANDBOX_CREATEOS_ACCEPT_EGRESS_EXCEPTIONS="true",
-        CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION="true",  # createos-local
-        CREATEOS_SANDBOX_MAX_GUESTS="1",
-        CREATEOS_SANDBOX_MAX_WAIT_SECONDS="30",
-    )
+    env = lfx_process_env(cp, tmp_path)
+    env.update(CREATEOS_SANDBOX_MAX_GUESTS="1", CREATEOS_SANDBOX_MAX_WAIT_SECONDS="30")
     done = subprocess.run(
         [str(VENV_LANGFLOW / "bin" / "python"), "-c", CHILD, surface],
         env=env,

@@ -408,6 +408,25 @@ def _feed_back(loop: Any, body_end: Any, output: str) -> None:
         loop._components.append(body_end)
 
 
+def split_loop_flow(tag: str) -> dict[str, Any]:
+    """Chat Input -> Split Text (",") -> Loop.item -> Chat Output -> back to Loop.item, as flow
+    JSON (what Langflow stores and serves), its vertex ids ChatInput-<tag>1 .. ChatOutput-<tag>4."""
+    from lfx.components.flow_controls.loop import LoopComponent
+    from lfx.components.input_output import ChatInput, ChatOutput
+    from lfx.components.processing.split_text import SplitTextComponent
+    from lfx.graph import Graph
+
+    chat_in = ChatInput(_id=f"ChatInput-{tag}1")
+    split = SplitTextComponent(_id=f"SplitText-{tag}2")
+    split.set(data_inputs=chat_in.message_response, separator=",", chunk_size=1, chunk_overlap=0)
+    loop = LoopComponent(_id=f"LoopComponent-{tag}3")
+    loop.set(data=split.split_text)
+    body = ChatOutput(_id=f"ChatOutput-{tag}4")
+    body.set(input_value=loop.item_output)
+    _feed_back(loop, body, "message")
+    return Graph(chat_in, body).dump()["data"]
+
+
 def _rows() -> Any:
     from lfx.schema.dataframe import DataFrame
 
