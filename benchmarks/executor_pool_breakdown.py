@@ -1,11 +1,13 @@
 """Where a pooled executor run's time goes (benchmark row S7), measured against createos-local.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/executor_pool_breakdown.py [--rounds 7] [--latency-ms 25]
+    PYTHONPATH=. .venv/bin/python benchmarks/executor_pool_breakdown.py [--rounds 7] [--latency-ms 25] [--reuse]
 
 S7's own setting: ChatInput -> ChatOutput through ``Graph.arun`` with
 ``LANGFLOW_EXECUTOR_KIND=createos`` and ``CREATEOS_EXECUTOR_WARM_POOL=1``, the pool refilled
 (untimed) before each round, createos-local adding 25 ms to each request and 200 ms to each
-boot. Each round also times the same flow in-process (the reference), interleaved.
+boot. Each round also times the same flow in-process (the reference), interleaved. With
+``--reuse``, S7's reused row instead: ``CREATEOS_EXECUTOR_REUSE=true``, the flow given a flow id
+and a user, each timed run on the domain's warm guest once its standby run waits.
 
 Per round the executor's debug timeline (``executor/timeline.py``) gives when the run passed
 each step on the host, counted from ``Graph.arun``'s call, and the guest runner's own
@@ -64,14 +66,18 @@ class Capture(logging.Handler):
             self.records.append(timeline)
 
 
-def chat_graph() -> Any:
+OWNED = {"flow_id": "00000000-0000-0000-0000-00000000004b", "user_id": "00000000-0000-0000-0000-00000000004c"}
+
+
+def chat_graph(owned: bool = False) -> Any:
     from lfx.components.input_output import ChatInput, ChatOutput
     from lfx.graph import Graph
 
     chat_in = ChatInput(_id="chat-in")
     chat_out = ChatOutput(_id="chat-out")
     chat_out.set(input_value=chat_in.message_response)
-    return Graph(chat_in, chat_out)
+    graph = Graph(chat_in, chat_out, **(OWNED if owned else {}))
+    return graph
 
 
 def use_executor(kind: str) -> None:
@@ -85,9 +91,9 @@ def use_executor(kind: str) -> None:
     assert get_default_coordinator()._executor_kind == kind
 
 
-def arun(kind: str) -> float:
+def arun(kind: str, owned: bool = False) -> float:
     use_executor(kind)
-    graph = chat_graph()
+    graph = chat_graph(owned)
     started = time.perf_counter()
     runs = asyncio.run(graph.arun([{"input_value": "hi"}]))
     wall = time.perf_counter() - started
@@ -95,13 +101,29 @@ def arun(kind: str) -> float:
     return wall
 
 
-def pooled_round(capture: Capture) -> dict[str, Any]:
-    """One timed pooled run: host marks (ms since Graph.arun's call) and guest steps (ms)."""
+def ready(reuse: bool) -> None:
+    """The pool full, or (``reuse``) the domain's reused guest with a standby run waiting."""
     from langflow_sandbox_createos.executor import pool
+    from langflow_sandbox_createos.executor import reuse as reused
 
+    if not reuse:
+        assert pool.pool().wait_full(240.0), "the pool did not fill"
+        return
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        guests = list(reused.domains.guests())
+        if guests and all(g.runs == 0 and g.standby and "waiting" in g.standby.early_kinds() for g in guests):
+            return
+        time.sleep(0.01)
+    raise AssertionError("no standby run waits on the reused guest")
+
+
+def pooled_round(capture: Capture, reuse: bool = False) -> dict[str, Any]:
+    """One timed pooled (or reused) run: host marks (ms since Graph.arun's call) and guest
+    steps (ms)."""
     use_executor("createos")
-    assert pool.pool().wait_full(240.0), "the pool did not fill"
-    graph = chat_graph()
+    ready(reuse)
+    graph = chat_graph(reuse)
     capture.records.clear()
     started = time.monotonic()
     runs = asyncio.run(graph.arun([{"input_value": "hi"}]))
@@ -145,6 +167,7 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=int, default=25, help="added to each request (S7: 25)")
     parser.add_argument("--boot-delay-ms", type=int, default=200, help="added to each boot (S7: 200)")
     parser.add_argument("--json", type=Path, help="write every round here")
+    parser.add_argument("--reuse", action="store_true", help="S7's reused row (CREATEOS_EXECUTOR_REUSE)")
     args = parser.parse_args()
 
     capture = Capture()
@@ -159,19 +182,20 @@ def main() -> None:
             CREATEOS_EXECUTOR_ROOTFS=TEMPLATE_NAME,
             CREATEOS_SANDBOX_ACCEPT_LOCAL_ISOLATION="true",
             CREATEOS_EXECUTOR_TIMEOUT_SECONDS="120",
-            CREATEOS_EXECUTOR_WARM_POOL="1",
+            CREATEOS_EXECUTOR_WARM_POOL="0" if args.reuse else "1",
+            CREATEOS_EXECUTOR_REUSE="true" if args.reuse else "false",
             LANGFLOW_DO_NOT_TRACK="true",
         )
         cp.set_faults({"latency_ms": args.latency_ms, "boot_delay_ms": args.boot_delay_ms, "rules": []})
         arun("in-process")  # imports
-        arun("createos")  # registers the pool (this run goes cold)
+        arun("createos", args.reuse)  # registers the pool or starts the reused guest (cold)
         rounds, in_process = [], []
         for _ in range(args.rounds):
             in_process.append(arun("in-process") * 1000)
-            rounds.append(pooled_round(capture))
-        from langflow_sandbox_createos.executor import pool
+            rounds.append(pooled_round(capture, args.reuse))
+        from langflow_sandbox_createos.executor import CreateOSExecutor
 
-        pool.shutdown()
+        CreateOSExecutor.shutdown()
         cp.wait_until_no_live(timeout=30.0)
     load_after = os.getloadavg()
 
@@ -179,7 +203,7 @@ def main() -> None:
     print(f"load average: {load_before[0]:.2f} before, {load_after[0]:.2f} after ({os.cpu_count()} cores)")
     print(
         f"Graph.arun, ms (median of {len(rounds)}): in-process {statistics.median(in_process):.1f}, "
-        f"pooled {statistics.median(returned):.1f} ({min(returned):.1f}-{max(returned):.1f}), "
+        f"{'reused' if args.reuse else 'pooled'} {statistics.median(returned):.1f} ({min(returned):.1f}-{max(returned):.1f}), "
         f"over in-process {statistics.median(returned) - statistics.median(in_process):.1f}"
     )
     print("\nhost: ms since Graph.arun was called (median)")

@@ -216,6 +216,7 @@ class _GuestFrames:
             installed=bool(frame.get("installed")),
             pooled=self.run.pooled,
             reused=self.run.reused is not None,
+            standby=self.run.standby,
         )
 
     def outputs(self, result: Any) -> list[Any]:
@@ -339,12 +340,29 @@ async def _take_reused(
     timeline: Timeline,
 ) -> tuple[_Run, list[tuple[str, Any]]]:
     """The run on a reused guest of its trust domain (``reuse.py``: `taken`, or one acquired
-    now), once the guest's warm runner has forked it (its first report is in hand). A guest
-    whose warm runner is gone is replaced, once, before anything of the run ran on it."""
+    now): the guest's standby run, which took the spec, or one its warm runner forked now (its
+    first report is in hand). A guest whose warm runner is gone is replaced, once, before
+    anything of the run ran on it."""
     for _ in range(2):
         warm = taken if taken is not None else await reuse.domains.acquire(key, spec.get("graph"))
         taken = None
         timeline.mark("take")
+        standby = warm.take_standby()
+        if standby is not None:  # the run's process waits already: it needs only the spec
+            spec["reply_dir"] = f"{REPLY_DIR}/{standby.token[:16]}"
+            try:
+                early, reason = await _hand_over(standby, spec, timeline, "reused guest")
+            except BaseException:
+                standby.close_soon()
+                raise
+            if reason is None:
+                return standby, early
+            logger.info(
+                "CreateOS executor: the standby run of reused guest %s was not usable (%s); forking one",
+                warm.sandbox_id,
+                reason,
+            )
+            standby.discard()
         try:
             run = _Run(endpoint, cfg, spec, reused=warm)
         except BaseException:
@@ -379,42 +397,52 @@ async def _take_warm(
     if run is None:
         return None, []
     timeline.mark("take")
-    early = run.attach()
-    reason = None
     try:
-        if any(kind != "frame" for kind, _ in early):
-            reason = "its runner had already exited"
-        elif not await run.deliver(spec):
-            reason = "it refused the spec (paused or deleted)"
-        else:
-            timeline.mark("delivered")
-            while reason is None:
-                try:
-                    kind, item = await asyncio.wait_for(run.queue.get(), ACCEPT_SECONDS)
-                except asyncio.TimeoutError:  # not the builtin TimeoutError on Python 3.10
-                    raise SandboxExecutionError(
-                        f"CreateOS executor: the pooled guest {run.sandbox_id} did not pick up the run "
-                        f"within {ACCEPT_SECONDS:g} s; it was deleted and the run was not started."
-                    ) from None
-                if kind == "frame" and item.get("t") == "accepted":
-                    timeline.mark("accepted")
-                    early.append((kind, item))
-                    return run, early
-                if kind == "frame":
-                    early.append((kind, item))
-                elif kind == "end":  # a complete stream without `accepted`: nothing ran
-                    reason = "its runner exited before taking the run"
-                else:  # the stream broke: whether the run began there is unknown, so fail closed
-                    raise SandboxExecutionError(
-                        f"CreateOS executor: the stream of pooled guest {run.sandbox_id} broke while "
-                        f"it took the run ({item}); it was deleted and the run was not retried."
-                    )
+        early, reason = await _hand_over(run, spec, timeline, "pooled guest")
     except BaseException:
         await run.close()
         raise
+    if reason is None:
+        return run, early
     pool.note_stale(key, run.sandbox_id or "?")
     logger.info(
         "CreateOS executor: pooled guest %s was not usable (%s); using a fresh one", run.sandbox_id, reason
     )
     await run.close()
     return None, []
+
+
+async def _hand_over(
+    run: _Run, spec: dict[str, Any], timeline: Timeline, what: str
+) -> tuple[list[tuple[str, Any]], str | None]:
+    """Give `spec` to a runner started ahead (a pooled guest's, a reused guest's standby):
+    (what it reported, up to its `accepted`; None) once it took the run, or ([], why) when it
+    cannot have begun it (the run may go elsewhere). A stream that broke after the upload
+    fails the run: whether it began there is unknown."""
+    early = run.attach()
+    if any(kind != "frame" for kind, _ in early):
+        return [], "its runner had already exited"
+    if not await run.deliver(spec):
+        return [], "it refused the spec (paused or deleted)"
+    timeline.mark("delivered")
+    while True:
+        try:
+            kind, item = await asyncio.wait_for(run.queue.get(), ACCEPT_SECONDS)
+        except asyncio.TimeoutError:  # not the builtin TimeoutError on Python 3.10
+            raise SandboxExecutionError(
+                f"CreateOS executor: the {what} {run.sandbox_id} did not pick up the run "
+                f"within {ACCEPT_SECONDS:g} s; it was deleted and the run was not started."
+            ) from None
+        if kind == "frame" and item.get("t") == "accepted":
+            timeline.mark("accepted")
+            early.append((kind, item))
+            return early, None
+        if kind == "frame":
+            early.append((kind, item))
+        elif kind == "end":  # a complete stream without `accepted`: nothing ran
+            return [], "its runner exited before taking the run"
+        else:  # the stream broke: whether the run began there is unknown, so fail closed
+            raise SandboxExecutionError(
+                f"CreateOS executor: the stream of {what} {run.sandbox_id} broke while "
+                f"it took the run ({item}); it was deleted and the run was not retried."
+            )

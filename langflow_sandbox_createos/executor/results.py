@@ -25,6 +25,7 @@ class GuestStatus:
     installed: bool
     pooled: bool = False  # the guest came from CREATEOS_EXECUTOR_WARM_POOL
     reused: bool = False  # a reused guest of the run's trust domain (CREATEOS_EXECUTOR_REUSE)
+    standby: bool = False  # on it, the run's process was forked ahead of the run and waited for it
 
 
 @dataclass(frozen=True)

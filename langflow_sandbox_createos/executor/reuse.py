@@ -3,7 +3,10 @@
 Off (the default), every executor run gets a guest of its own, deleted after it. On, the runs
 of one trust domain share guests that stay up between runs, each with a warm runner that has
 already imported lfx (``guest/zygote.py``): a run is one exec of a small connector, and its
-process is forked from the warm runner, so it pays neither a boot nor lfx's import.
+process is forked from the warm runner, so it pays neither a boot nor lfx's import. Once a run
+gave its guest back, the next run's process is forked ahead of need (the guest's *standby*:
+one connector exec whose forked process waits for a spec, as a pooled runner does), so the
+next run only uploads its spec; a run that finds no standby waiting forks its own.
 
 A trust domain is one flow run for one owner (the end user for a flow Langflow serves to one,
 else the executing user), under one guest policy: the guest spec (image, shape, egress rules,
@@ -51,6 +54,8 @@ from langflow_sandbox_createos.executor.reader import FrameReader
 from langflow_sandbox_createos.executor.run import (
     PYTHON,
     ROOTFS_HINT,
+    _Run,
+    boot_stdin,
     compact_json,
     runner_stdin,
     version_text,
@@ -64,6 +69,7 @@ START_TIMEOUT_SECONDS = 300.0
 # The warm runner stays this much longer than the host keeps its guest, and auto-pause more.
 IDLE_MARGIN_SECONDS = 30
 REAP_TICK_SECONDS = 5.0
+STANDBY_POLL_SECONDS = 0.02  # how often a standby looks for its spec where inotify is missing
 
 
 @dataclass(frozen=True, repr=False, kw_only=True)
@@ -135,10 +141,50 @@ class WarmGuest:
         self.served = 0
         self.last_used = time.monotonic()
         self.gone = False
+        self._standby_lock = threading.Lock()
+        self.standby: _Run | None = None  # the next run's process, forked ahead and waiting
+        self.served_ahead = 0  # runs served by a standby
 
     @property
     def sandbox_id(self) -> str:
         return self.lease.sandbox_id
+
+    def arm_standby(self) -> None:
+        """Start the next run's process now, off any run's path (one exec of the connector
+        whose warm-runner child waits for a spec, as a pooled runner does), unless one is
+        already there: the next run of the domain then only uploads its spec."""
+        with self._standby_lock:
+            if self.standby is not None or self.gone:
+                return
+            wait = self.key.idle_seconds + IDLE_MARGIN_SECONDS  # as long as the warm runner stays
+            run = _Run(self.key.endpoint, self.key.cfg, None, reused=self, standby=True, spec_wait=wait)
+            self.standby = run
+        boot = {"path": run.spec_path, "seconds": wait, "poll": STANDBY_POLL_SECONDS, "preload": False}
+        run.start_exec(boot_stdin(run.token, wait=compact_json(boot)))
+
+    def take_standby(self) -> _Run | None:
+        """The standby run if its process waits for a spec now (else None: the run forks its
+        own through the connector); one that ended is dropped."""
+        with self._standby_lock:
+            run = self.standby
+            if run is None:
+                return None
+            if not run.alive():
+                self.standby = None
+                run.discard()
+                return None
+            if "waiting" not in run.early_kinds():
+                return None  # still starting: it serves a later run
+            self.standby = None
+            self.served_ahead += 1
+            return run
+
+    def drop_standby(self) -> None:
+        """The guest goes: its standby reports nothing more (the guest's delete ends its exec)."""
+        with self._standby_lock:
+            run, self.standby = self.standby, None
+        if run is not None:
+            run.discard()
 
     def give_back(self, *, gone: bool) -> None:
         """This guest's run ended (``gone``: the guest or its runner is gone)."""
@@ -290,6 +336,8 @@ class Domains:
                 gone = False
         if gone:
             self._end(guest, "its warm runner is gone")
+        else:
+            guest.arm_standby()  # the next run's process, while none runs on the critical path
 
     def _drop_locked(self, guest: WarmGuest) -> None:
         guests = self._guests.get(guest.key, [])
@@ -299,6 +347,7 @@ class Domains:
             self._guests.pop(guest.key, None)
 
     def _end(self, guest: WarmGuest, why: str) -> None:
+        guest.drop_standby()
         logger.info("CreateOS executor: deleting reused guest %s (%s)", guest.sandbox_id, why)
         guest.lease.end_soon(
             lambda exc: logger.warning(
@@ -348,6 +397,7 @@ class Domains:
             for guest in guests:
                 guest.gone = True
         for guest in guests:
+            guest.drop_standby()
             guest.lease.end(functools.partial(_shutdown_failed, guest.sandbox_id))
 
     def forget_after_fork(self) -> None:

@@ -52,6 +52,8 @@ STDIN_ONLY_FIELDS = ("variables", "environ")
 SPEC_DIR = "/workspace/.createos-run"
 # Where a pooled runner waits for its spec (the guest's private /tmp).
 SPEC_PATH = "/tmp/.createos-run/spec"
+# Under which a reused guest's standby runs wait for theirs, each in a directory of its own.
+STANDBY_DIR = "/tmp/.createos-standby"
 # How long a pooled runner may take to confirm it picked up the uploaded spec.
 ACCEPT_SECONDS = 30.0
 # How long closing the stream waits for the guest delete before returning anyway.
@@ -136,11 +138,13 @@ class _Run:
         pooled: Lease | None = None,
         spec_wait: float = 0.0,
         reused: ReusedGuest | None = None,
+        standby: bool = False,
     ) -> None:
         """``pooled``: the warm pool's guest this run's exec starts on, ahead of any run
         (``spec_wait``: how long its runner may wait for a spec, a phase of the run's budget).
         ``reused``: a reused guest of the run's trust domain (``reuse.py``), whose warm runner
-        forks the run: the guest outlives the run."""
+        forks the run: the guest outlives the run. ``standby`` (with ``reused``): the run's
+        process is forked ahead of any run and waits for a spec, as a pooled runner does."""
         self.endpoint = endpoint
         self.cfg = cfg
         self.spec = spec
@@ -148,6 +152,10 @@ class _Run:
         self.reused = reused
         self.lease = reused.lease if reused is not None else pooled
         self.pooled = pooled is not None
+        self.standby = standby
+        ahead = self.pooled or standby  # the exec starts before a run owns it
+        # where a runner started ahead waits for its spec: a reused guest's standbys each their own
+        self.spec_path = f"{STANDBY_DIR}/{guest_spec.random_name('w')}/spec" if standby else SPEC_PATH
         # how the exec starts the run: the bootstrap with the whole runner, or a reused guest's connector
         self.argv = list(CONNECTOR_ARGV) if reused is not None else ["-c", BOOTSTRAP]
         self.exec_result: Any = None  # the exec's end, once its thread has it
@@ -156,11 +164,11 @@ class _Run:
         self.guest_process: tuple[int, int] | None = None  # a reused run's (pid, start time), from hello
         # A pooled guest's exec starts before any run (and any event loop) owns it: until
         # attach(), what it reports is kept in `early` and `warm_state` says how far it got.
-        self.loop: asyncio.AbstractEventLoop | None = None if self.pooled else asyncio.get_running_loop()
+        self.loop: asyncio.AbstractEventLoop | None = None if ahead else asyncio.get_running_loop()
         self.queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self.early: list[tuple[str, Any]] = []
         self.warm_state = threading.Condition(threading.Lock())
-        self.attached = not self.pooled
+        self.attached = not ahead
         self.budget = budget.executor(cfg.timeout_seconds, spec_wait=spec_wait)
         self.exec_timeout = self.budget.exec_timeout()
         self._closed = threading.Event()
@@ -435,15 +443,15 @@ class _Run:
         return {**self.spec, "runtime": encode_runtime(self.spec["runtime"])}
 
     async def deliver(self, spec: dict[str, Any]) -> bool:
-        """Upload this run's spec to where the pooled runner waits for it. False when the
-        guest refused it (paused: 409, gone: 404): the runner cannot have seen it."""
+        """Upload this run's spec to where its runner, started ahead, waits for it. False when
+        the guest refused it (paused: 409, gone: 404): the runner cannot have seen it."""
         self.spec = spec
         body = compact_json(self._wire_spec()).encode()
         data = spec_mac(bytes.fromhex(self.token), body).encode("ascii") + b"\n" + body
         native = load_native()
-        with failures.native_errors("upload the run spec to the pooled executor guest"):
+        with failures.native_errors("upload the run spec to the executor guest's waiting runner"):
             try:
-                await asyncio.to_thread(self.guest.upload, SPEC_PATH, data)
+                await asyncio.to_thread(self.guest.upload, self.spec_path, data)
             except native.CreateOSError as exc:
                 if getattr(exc, "status", None) in (404, 409):
                     return False

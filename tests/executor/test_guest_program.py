@@ -124,7 +124,7 @@ def _deliver_later(path: Any, key: bytes, spec: dict[str, Any], after: float) ->
 
     def deliver() -> None:
         time.sleep(after)
-        path.parent.mkdir()
+        path.parent.mkdir(exist_ok=True)  # the runner makes it first; an older one did not
         path.write_bytes(data[: len(data) // 2])
         time.sleep(0.2)
         temporary = path.parent / ".upload-1"
@@ -159,3 +159,27 @@ def test_a_waiting_runner_wakes_on_its_spec_upload(tmp_path: Any, inotify: bool)
     assert spec == {"timeout": 5}
     assert time.monotonic() - started < 5  # the upload woke it, not the 30 s timer
     assert not path.exists()  # read once, then removed
+
+
+def test_a_waiting_runner_takes_only_the_spec_its_host_signed(tmp_path: Any) -> None:
+    """A reused guest's standby waits in a directory other runs of its domain can write: a spec
+    signed with any other key (another run's secret, none) is never run, and the host's own,
+    arriving later, is; each waiting runner has a directory of its own, removed with the spec."""
+    runner = _runner()
+    key, other = bytes(range(32)), bytes(range(1, 33))
+    path = tmp_path / "standby" / "w-1" / "spec"
+    frames = runner["Frames"](os.open(os.devnull, os.O_WRONLY), key)
+    forged = json.dumps({"timeout": 5, "forged": True}).encode()
+
+    def forge() -> None:
+        time.sleep(0.2)
+        path.write_bytes(framing.spec_mac(other, forged).encode() + b"\n" + forged)
+
+    forger = threading.Thread(target=forge)
+    forger.start()
+    delivery = _deliver_later(path, key, {"timeout": 5}, after=0.6)
+    spec = runner["_await_spec"](frames, key, str(path), 60.0, 0.05)
+    forger.join()
+    delivery.join()
+    assert spec == {"timeout": 5}
+    assert not path.parent.exists()  # its directory went with it

@@ -54,6 +54,11 @@ def reused_guests(cp: Any) -> list[dict[str, Any]]:
     ]
 
 
+def standby_waits(guest: reuse.WarmGuest) -> bool:
+    standby = guest.standby
+    return standby is not None and "waiting" in standby.early_kinds()
+
+
 def graph_for(user: str = USER_ID, flow: str = FLOW_ID) -> Any:
     graph = live_values_graph()
     graph.user_id, graph.flow_id = user, flow
@@ -85,9 +90,12 @@ async def test_runs_of_one_flow_and_owner_share_a_warm_guest_and_match_in_proces
     assert_same(reference, first)
     made = reused_guests(reusing)
     assert len(made) == 1, made
-    for session in ("s-reuse-2", "s-reuse-3"):
+    (guest,) = reuse.domains.guests()
+    for session in ("s-reuse-2", "s-reuse-3"):  # each served by the process forked ahead for it
+        await until(lambda: guest.runs == 0 and standby_waits(guest), "no standby run waits")
         reference, ours = await both(graph_for, memory, session)
         assert_same(reference, ours)
+    assert guest.served_ahead == 2, guest.served_ahead
     assert [sb["id"] for sb in reused_guests(reusing)] == [made[0]["id"]]  # no other guest made
     (status,) = await statuses(graph_for())
     assert status.reused and status.sandbox_id == made[0]["id"], status
@@ -162,7 +170,8 @@ async def test_a_cancelled_run_is_ended_in_the_guest_which_serves_the_next(reusi
             "sh", ["-c", f"cat /proc/{guest.runner_pid}/task/*/children"], timeout=30, stream=False
         )
         assert out.exit_code == 0, out
-        return out.stdout.split()
+        standby = guest.standby.guest_process if guest.standby is not None else None
+        return [pid for pid in out.stdout.split() if standby is None or pid != str(standby[0])]
 
     await until(lambda: runs_in_guest() == [], "the cancelled run still runs in the guest", 30.0)
     (status,) = await statuses(graph_for())
@@ -242,3 +251,42 @@ async def test_the_warm_runner_loads_what_a_run_imported_on_first_use(reusing: A
         seen.append((pid, had))
     assert len(guests) == 1 and len({pid for pid, _ in seen}) == 3, (guests, seen)
     assert [had for _, had in seen] == ["False", "True", "True"], (LAZY, seen)
+
+
+async def test_a_later_run_finds_its_process_forked_ahead_and_hands_it_only_the_spec(reusing: Any) -> None:
+    """Once a run of a domain gave its guest back, the warm runner forks the next run's process
+    ahead of need (a standby, waiting for a spec as a pooled runner does): the next run uploads
+    its spec to it instead of starting an exec and a connector on its path (about 60 ms of S7's
+    reused run). The run that came is served by that very process, with its own result."""
+    from lfx.execution.types import Unit
+
+    from .conftest import middle_graph
+    from .flow_components.lazy_importer import LazyImporter
+
+    async def run_once() -> tuple[GuestStatus, str]:
+        graph = middle_graph(LazyImporter, "use")
+        graph.user_id, graph.flow_id = USER_ID, str(uuid.UUID(int=47))
+        items = await drain(
+            CreateOSExecutor().execute(Unit(graph=graph, inputs=[{"input_value": "x"}], runtime_options={}))
+        )
+        (status,) = [i.payload for i in items if isinstance(getattr(i, "payload", None), GuestStatus)]
+        outputs = items[-1].outputs[0].outputs
+        (text,) = [r.results["message"].text for r in outputs if r and "message" in (r.results or {})]
+        return status, text.split(":")[0]
+
+    first, first_pid = await run_once()
+    assert first.reused and not first.standby, first  # the domain's first run: forked on its path
+    (guest,) = reuse.domains.guests()
+
+    def waiting_pid() -> int | None:
+        standby = guest.standby
+        if standby is None or "waiting" not in standby.early_kinds() or standby.guest_process is None:
+            return None
+        return standby.guest_process[0]
+
+    await until(lambda: waiting_pid() is not None, "no run process waits in the reused guest")
+    ahead = waiting_pid()
+    second, second_pid = await run_once()
+    assert second.reused and second.standby and second.sandbox_id == first.sandbox_id, second
+    assert int(second_pid) == ahead != int(first_pid), (ahead, first_pid, second_pid)
+    await until(lambda: waiting_pid() not in (None, ahead), "no new standby after the second run")

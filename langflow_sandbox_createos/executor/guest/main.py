@@ -5,6 +5,7 @@ for its spec to be uploaded. Either way, one flow runs and the process exits.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import os
@@ -41,7 +42,8 @@ def _pooled(boot: dict[str, Any], wait: dict[str, Any]) -> None:
     frames = _start(key)
     watchdog = _Watchdog(frames)  # armed when the spec arrived
     _ensure_lfx(frames)
-    _preload(wait.get("warm_flow"))
+    if wait.get("preload", True):  # a reused guest's standby run is forked with all of it loaded
+        _preload(wait.get("warm_flow"))
     _SANDBOX_SEAMS.point()  # lfx's own until the spec says what the host answers
     frames.emit("ready", lfx=_lfx_version(), installed=False)
     spec = _await_spec(frames, key, str(wait["path"]), float(wait["seconds"]), float(wait.get("poll", 0.02)))
@@ -219,18 +221,18 @@ def _await_spec(frames: Frames, key: bytes, path: str, seconds: float, poll: flo
     on a control plane whose upload is not atomic). Read once, then removed. None when
     nobody delivered a spec within `seconds` (the host's pool has forgotten this guest).
 
-    The runner sleeps until inotify reports a change in the spec's directory (or, before
-    the upload made that directory, in its parent), looking anyway every
-    SPEC_RECHECK_SECONDS; without inotify it looks every `poll` seconds."""
+    The runner makes the spec's directory, then sleeps until inotify reports a change in it,
+    looking anyway every SPEC_RECHECK_SECONDS; without inotify it looks every `poll` seconds.
+    The directory goes with the spec (a reused guest's standby runs each have their own)."""
     directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)  # watched from the start
     # Never closed: closing an inotify descriptor waits for the kernel's grace period (~17 ms
     # measured, between the spec's arrival and `accepted`); the runner exits after its run.
     watch = _DirectoryWatch()
-    watch.add(os.path.dirname(directory))  # the upload creates the directory first
     frames.emit("waiting", path=path)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        watch.add(directory)  # once it exists: from then on its files wake us
+        watch.add(directory)  # again, should it have been replaced: its files wake us
         try:
             with open(path, "rb") as handle:
                 data = handle.read()
@@ -241,6 +243,8 @@ def _await_spec(frames: Frames, key: bytes, path: str, seconds: float, poll: flo
             if hmac.compare_digest(mac.decode("ascii", "replace"), spec_mac(key, body)):
                 _phases_from_now()
                 os.unlink(path)
+                with contextlib.suppress(OSError):  # a reused guest's standby leaves nothing behind
+                    os.rmdir(directory)
                 spec = json.loads(body)
                 _phase("spec")
                 return spec

@@ -13,7 +13,9 @@ status back, which the connector exits with. So each run has its own exec stream
 stderr, secret, watchdog and exit status, and pays neither a boot nor lfx's import. A run
 whose connector goes away (its exec was closed: the run was cancelled or timed out on the
 host) has its process group killed. Nothing of one run's secret or spec passes through the
-zygote.
+zygote. A boot document with `wait` instead of a spec forks a standby: the child waits for its
+spec file in a directory of its own (`main._pooled`, as a pooled runner does), so the host
+starts the next run's process before that run arrives.
 
 A run that ended well tells the zygote, on a pipe of its own, which modules it imported that
 the zygote had not (`main._tell_learned`): the imports its components make only on first use
@@ -40,7 +42,14 @@ import time
 from typing import Any
 
 from langflow_sandbox_createos.executor.guest.install import _ensure_lfx, _lfx_version
-from langflow_sandbox_createos.executor.guest.main import _LEARNING, LEARN_MAX_BYTES, _cold, _preload, _start
+from langflow_sandbox_createos.executor.guest.main import (
+    _LEARNING,
+    LEARN_MAX_BYTES,
+    _cold,
+    _pooled,
+    _preload,
+    _start,
+)
 from langflow_sandbox_createos.executor.guest.sandbox_bridge import _SANDBOX_SEAMS
 
 ZYGOTE_SOCKET = "/tmp/.createos-zygote/runner.sock"  # in a directory only the warm runner enters
@@ -183,7 +192,10 @@ def _child(listener: socket.socket, conn: socket.socket, fds: list[int], childre
         sys.stderr = os.fdopen(2, "w", closefd=False)
         with os.fdopen(0, "rb", closefd=False) as stdin:
             boot = json.loads(stdin.read())
-        _cold(boot)
+        if "wait" in boot:  # a standby: forked ahead of its run, it waits for the run's spec
+            _pooled(boot, boot.pop("wait"))
+        else:
+            _cold(boot)
     except BaseException as exc:  # the run could not start: say so on its own stderr
         os.write(2, f"createos-executor: the warm runner's run failed to start: {exc!r}\n".encode())
     os._exit(1)
