@@ -135,10 +135,17 @@ class Admission:
             line.leave()
 
     async def enter(
-        self, limit: int, max_wait: float | None, *, tell: Tell | None = None, subject: str | None = None
+        self,
+        limit: int,
+        max_wait: float | None,
+        *,
+        tell: Tell | None = None,
+        subject: str | None = None,
+        quiet_cancel: bool = False,
     ) -> Slot:
         """A slot for an async run, left with :meth:`Slot.leave` (the executor's, once its
-        guest's delete returned); ``subject`` names the run in the warning of a refusal."""
+        guest's delete returned); ``subject`` names the run in the warning of a refusal.
+        ``quiet_cancel``: a cancelled wait is not logged (the run was served another way)."""
         line = self._line(admission.Line)
         try:
             await line.enter(
@@ -149,7 +156,10 @@ class Admission:
         except asyncio.CancelledError:
             # Langflow cancels a streaming run whose caller went away: it leaves the line
             # (admission.Line.enter) and never takes a guest.
-            self.log.info("%s left the line before its turn: cancelled (%s)", self.what, subject or "a run")
+            if not quiet_cancel:
+                self.log.info(
+                    "%s left the line before its turn: cancelled (%s)", self.what, subject or "a run"
+                )
             raise
         return Slot(line)
 

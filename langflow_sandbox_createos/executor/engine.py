@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from lfx.execution.executor import Executor
@@ -69,12 +69,17 @@ class CreateOSExecutor(Executor):
         warm = reuse.domains.try_take(domain) if domain is not None else None
         slot = None
         if warm is None:
-            slot = await lease.EXECUTOR.enter(
+            enter = functools.partial(
+                lease.EXECUTOR.enter,
                 cfg.max_guests,
                 cfg.max_wait_seconds,
                 tell=functools.partial(_tell_events, options),
-                subject=f"flow {spec.get('flow_id') or '(no id)'}",
             )
+            subject = f"flow {spec.get('flow_id') or '(no id)'}"
+            if domain is not None and reuse.domains.serving(domain):
+                warm, slot = await _spare_or_slot(domain, enter, cfg.max_wait_seconds, subject)
+            else:
+                slot = await enter(subject=subject)
         timeline.mark("line")
         run: _Run | None = None
         bridge: SandboxBridge | None = None
@@ -329,6 +334,56 @@ def _domain(
     if key is None:
         logger.debug("CreateOS executor: a run without a flow id or an owner gets a guest of its own")
     return key
+
+
+async def _spare_or_slot(
+    key: reuse.DomainKey, enter: Callable[..., Awaitable[lease.Slot]], max_wait: float | None, subject: str
+) -> tuple[reuse.WarmGuest | None, lease.Slot | None]:
+    """A run whose domain's guests are all busy: the first of a run to spare on one of them
+    (taken) or a place in the line (to make another guest). A refusal from the line stands
+    only if no run of the domain's guests comes free within `max_wait` of the run's arrival:
+    the line's estimate counts guests to be made, not the runs of warm ones."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max_wait if max_wait else None
+    spare = asyncio.ensure_future(reuse.domains.wait_take(key))
+    # a refusal is logged here if it stands; a wait cancelled because a run came free is not
+    line: asyncio.Future[lease.Slot] = asyncio.ensure_future(enter(subject=None, quiet_cancel=True))
+    refused: BaseException | None = None
+    used: asyncio.Future[Any] | None = None
+    try:
+        pending: set[asyncio.Future[Any]] = {spare, line}
+        while True:
+            left = None if deadline is None or refused is None else max(0.0, deadline - loop.time())
+            done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if spare in done:
+                used = spare
+                return spare.result(), None
+            if line in done:
+                if line.exception() is None:
+                    used = line
+                    return None, line.result()
+                refused = line.exception()
+            if not pending or not done:  # no run came free in time: the line's refusal stands
+                assert refused is not None
+                logger.warning("%s (%s)", refused, subject)
+                raise refused
+    finally:
+        for waiting in (spare, line):
+            if waiting is not used:
+                waiting.cancel()  # a wait that already ended keeps its result: handed back below
+                waiting.add_done_callback(_give_unused_back)
+
+
+def _give_unused_back(waiting: asyncio.Future[Any]) -> None:
+    """A wait a run did not use, once ended: a run taken on a guest, or a place in the line,
+    goes back."""
+    if waiting.cancelled() or waiting.exception() is not None:
+        return
+    taken = waiting.result()
+    if isinstance(taken, reuse.WarmGuest):
+        taken.give_back(gone=False)
+    else:
+        taken.leave()
 
 
 async def _take_reused(

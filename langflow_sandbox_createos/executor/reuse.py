@@ -31,6 +31,7 @@ ran on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -42,7 +43,7 @@ from typing import Any
 
 from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import budget, connection, failures, guest_spec, hooks
+from langflow_sandbox_createos.core import admission, budget, connection, failures, guest_spec, hooks
 from langflow_sandbox_createos.core.guest_spec import GuestSpec
 from langflow_sandbox_createos.core.lease import Lease
 from langflow_sandbox_createos.core.settings import ExecutorSettings
@@ -124,6 +125,9 @@ def run_owner(graph: Any, spec: dict[str, Any]) -> Any:
     if str(spec.get("session_id") or "").startswith(ANONYMOUS_SESSION_PREFIX):
         return None
     return component_run_owner(graph if live else None, spec.get("user_id"))
+
+
+_Woken = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]  # a run waiting for a spare run
 
 
 class WarmGuest:
@@ -266,6 +270,7 @@ class Domains:
         self._lock = threading.Lock()
         self._guests: dict[DomainKey, list[WarmGuest]] = {}
         self._starting: dict[DomainKey, threading.Event] = {}
+        self._spare_waiters: dict[DomainKey, list[_Woken]] = {}
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -285,6 +290,39 @@ class Domains:
         """A guest of the domain with a run to spare, taken for one run, or None (no waiting)."""
         with self._lock:
             return self._take_locked(key)
+
+    def serving(self, key: DomainKey) -> bool:
+        """Whether the domain has a guest, or one being made: a run of it will come free."""
+        with self._lock:
+            return bool(self._guests.get(key)) or key in self._starting
+
+    async def wait_take(self, key: DomainKey) -> WarmGuest:
+        """A guest of the domain with a run to spare, taken as soon as one has (a run of it
+        ended, or a guest of it was made); makes none itself. Cancel it to stop waiting."""
+        loop = asyncio.get_running_loop()
+        while True:
+            woken: _Woken = (loop, loop.create_future())
+            with self._lock:
+                found = self._take_locked(key)
+                if found is not None:
+                    return found
+                self._spare_waiters.setdefault(key, []).append(woken)
+            try:
+                await woken[1]
+            finally:
+                with self._lock:
+                    waiting = self._spare_waiters.get(key, [])
+                    if woken in waiting:
+                        waiting.remove(woken)
+
+    def _wake(self, key: DomainKey) -> None:
+        """A run of the domain may be spare now: every run waiting for one looks again (one
+        takes it; the others wait on)."""
+        with self._lock:
+            waiting = self._spare_waiters.pop(key, [])
+        for loop, future in waiting:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits there
+                loop.call_soon_threadsafe(admission.resolve, future)
 
     async def acquire(self, key: DomainKey, flow: Any = None) -> WarmGuest:
         """A guest of the domain with a free run, made if none is (runs that arrive while one
@@ -314,6 +352,7 @@ class Domains:
                 made.runs = 1
                 self._guests.setdefault(key, []).append(made)
                 self._start_reaper_locked()
+            self._wake(key)  # its other runs are spare
             logger.info(
                 "CreateOS executor: reused guest %s is up for flow %s (warm runner, lfx %s)",
                 made.sandbox_id,
@@ -338,6 +377,7 @@ class Domains:
             self._end(guest, "its warm runner is gone")
         else:
             guest.arm_standby()  # the next run's process, while none runs on the critical path
+            self._wake(guest.key)
 
     def _drop_locked(self, guest: WarmGuest) -> None:
         guests = self._guests.get(guest.key, [])
@@ -405,6 +445,7 @@ class Domains:
         self._lock = threading.Lock()
         self._guests = {}
         self._starting = {}
+        self._spare_waiters = {}
         self._reaper = None
         self._stop = threading.Event()
 

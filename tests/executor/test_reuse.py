@@ -290,3 +290,82 @@ async def test_a_later_run_finds_its_process_forked_ahead_and_hands_it_only_the_
     assert second.reused and second.standby and second.sandbox_id == first.sandbox_id, second
     assert int(second_pid) == ahead != int(first_pid), (ahead, first_pid, second_pid)
     await until(lambda: waiting_pid() not in (None, ahead), "no new standby after the second run")
+
+
+async def test_a_run_whose_standby_died_forks_its_own_on_the_same_guest(reusing: Any) -> None:
+    """The process forked ahead is gone (killed in the guest, as flow code of the domain could):
+    the next run is not lost and the guest is kept: the run forks its own process through the
+    connector, and a new standby is forked after it."""
+    (first,) = await statuses(graph_for())
+    (guest,) = reuse.domains.guests()
+    await until(lambda: guest.runs == 0 and standby_waits(guest), "no standby run waits")
+    standby = guest.standby
+    assert standby is not None and standby.guest_process is not None
+    killed = guest.lease.exec("kill", ["-9", str(standby.guest_process[0])], timeout=30, stream=False)
+    assert killed.exit_code == 0, killed
+    await until(lambda: not standby.alive(), "the killed standby's exec did not end")
+    (second,) = await statuses(graph_for())
+    assert second.reused and not second.standby and second.sandbox_id == first.sandbox_id, second
+    await until(lambda: guest.runs == 0 and standby_waits(guest), "no new standby after the run")
+    (third,) = await statuses(graph_for())
+    assert third.standby and third.sandbox_id == first.sandbox_id, third
+
+
+async def _busy_domain(monkeypatch: pytest.MonkeyPatch, max_wait: int) -> tuple[Any, GuestStatus]:
+    """The domain's only guest busy with a run that sleeps (one run per guest), which also holds
+    the line's only place (it made the guest), and a line that expects a new guest to take
+    1000 s: a second run of the domain is refused by the line at once."""
+    from lfx.execution.types import Unit
+
+    from langflow_sandbox_createos.core import lease
+
+    from .conftest import middle_graph
+
+    monkeypatch.setenv("CREATEOS_EXECUTOR_REUSE_MAX_RUNS", "1")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_MAX_GUESTS", "1")
+    monkeypatch.setenv("CREATEOS_EXECUTOR_MAX_WAIT_SECONDS", str(max_wait))
+    sleepy = middle_graph(Sleeper, "nap")
+    sleepy.user_id, sleepy.flow_id = USER_ID, FLOW_ID
+    asleep = CreateOSExecutor().execute(Unit(graph=sleepy, inputs=[{"input_value": "x"}], runtime_options={}))
+    first = await asleep.__anext__()
+    assert isinstance(first.payload, GuestStatus) and first.payload.reused
+    line = lease.EXECUTOR.line
+    monkeypatch.setattr(line, "_mean_hold", None)  # the process's line, restored after the test
+    line.observe_hold(1000.0)
+    return asleep, first.payload
+
+
+async def test_a_run_the_line_refuses_is_served_when_its_domains_guest_frees_a_run(
+    reusing: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line's estimate counts guests to be made, not the runs of warm ones: S8 at 64 in
+    flight refused 27 of 168 runs of a reused flow with 503 while its guests freed a run every
+    fraction of a second. A run whose domain's guests are busy now waits for the first of a
+    spare run there or a place in the line, and the line's refusal stands only if no run frees
+    within CREATEOS_EXECUTOR_MAX_WAIT_SECONDS."""
+    asleep, first = await _busy_domain(monkeypatch, max_wait=60)
+    second = asyncio.ensure_future(statuses(graph_for()))
+    try:
+        await asyncio.sleep(1.0)
+        assert not second.done(), second  # refused by the line at once before: not any more
+    finally:
+        await asleep.aclose()  # the sleeping run ends (killed in its guest): its run comes free
+    (status,) = await asyncio.wait_for(second, 60)
+    assert status.reused and status.sandbox_id == first.sandbox_id, status
+
+
+async def test_the_lines_refusal_stands_when_no_run_of_the_domain_comes_free(
+    reusing: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lfx.utils.sandbox.base import SandboxUnavailableError
+
+    asleep, _ = await _busy_domain(monkeypatch, max_wait=3)
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(SandboxUnavailableError) as caught:
+            await statuses(graph_for())
+        waited = asyncio.get_running_loop().time() - started
+    finally:
+        await asleep.aclose()
+    assert "refused at once" in str(caught.value), caught.value
+    assert waited >= 2.5, waited  # it waited out CREATEOS_EXECUTOR_MAX_WAIT_SECONDS for a spare run
