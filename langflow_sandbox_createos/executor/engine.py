@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from lfx.execution.executor import Executor
 from lfx.execution.types import RunComplete, StepResult
-from lfx.utils.sandbox.base import SandboxExecutionError
+from lfx.utils.sandbox.base import SandboxExecutionError, SandboxUnavailableError
 
-from langflow_sandbox_createos.core import connection, lease
+from langflow_sandbox_createos.core import connection, failures, lease
 from langflow_sandbox_createos.core.settings import ExecutorSettings
 from langflow_sandbox_createos.executor import pool, reuse
 from langflow_sandbox_createos.executor.bridge import SandboxBridge
@@ -77,7 +77,7 @@ class CreateOSExecutor(Executor):
             )
             subject = f"flow {spec.get('flow_id') or '(no id)'}"
             if domain is not None and reuse.domains.serving(domain):
-                warm, slot = await _spare_or_slot(domain, enter, cfg.max_wait_seconds, subject)
+                warm, slot = await _slot_or_spare(domain, enter, cfg.max_wait_seconds, subject)
             else:
                 slot = await enter(subject=subject)
         timeline.mark("line")
@@ -336,54 +336,42 @@ def _domain(
     return key
 
 
-async def _spare_or_slot(
+async def _slot_or_spare(
     key: reuse.DomainKey, enter: Callable[..., Awaitable[lease.Slot]], max_wait: float | None, subject: str
 ) -> tuple[reuse.WarmGuest | None, lease.Slot | None]:
-    """A run whose domain's guests are all busy: the first of a run to spare on one of them
-    (taken) or a place in the line (to make another guest). A refusal from the line stands
-    only if no run of the domain's guests comes free within `max_wait` of the run's arrival:
-    the line's estimate counts guests to be made, not the runs of warm ones."""
+    """A run whose domain's guests are all busy: a place in the line, as any run (then a spare
+    run or a new guest, ``_take_reused``). The line's estimate counts guests to be made, not
+    the runs of warm ones, so if it refuses, the run waits instead for a run of its domain's
+    guests to come free, within `max_wait` of its arrival; the refusal stands (at once, when the
+    domain's own runs are expected to take longer than that) only if none does."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + max_wait if max_wait else None
-    spare = asyncio.ensure_future(reuse.domains.wait_take(key))
-    # a refusal is logged here if it stands; a wait cancelled because a run came free is not
-    line: asyncio.Future[lease.Slot] = asyncio.ensure_future(enter(subject=None, quiet_cancel=True))
-    refused: BaseException | None = None
-    used: asyncio.Future[Any] | None = None
+    arrived = loop.time()
     try:
-        pending: set[asyncio.Future[Any]] = {spare, line}
-        while True:
-            left = None if deadline is None or refused is None else max(0.0, deadline - loop.time())
-            done, pending = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            if spare in done:
-                used = spare
-                return spare.result(), None
-            if line in done:
-                if line.exception() is None:
-                    used = line
-                    return None, line.result()
-                refused = line.exception()
-            if not pending or not done:  # no run came free in time: the line's refusal stands
-                assert refused is not None
-                logger.warning("%s (%s)", refused, subject)
-                raise refused
-    finally:
-        for waiting in (spare, line):
-            if waiting is not used:
-                waiting.cancel()  # a wait that already ended keeps its result: handed back below
-                waiting.add_done_callback(_give_unused_back)
+        return None, await enter(subject=None)  # a refusal is logged below if it stands
+    except SandboxUnavailableError as exc:
+        if not isinstance(exc.__cause__, failures.CapacityError):
+            raise
+        refused = exc
+    left = None if not max_wait else max(0.0, max_wait - (loop.time() - arrived))
+    expected = reuse.domains.expected_spare_wait(key)
+    if left is None or expected is None or expected <= left:
+        spare = asyncio.ensure_future(reuse.domains.wait_take(key))
+        try:
+            done, _ = await asyncio.wait({spare}, timeout=left)
+        finally:
+            if not spare.done():
+                spare.cancel()  # one that came in that instant is given back
+                spare.add_done_callback(_give_unused_back)
+        if spare in done:
+            return spare.result(), None
+    logger.warning("%s (%s)", refused, subject)
+    raise refused
 
 
-def _give_unused_back(waiting: asyncio.Future[Any]) -> None:
-    """A wait a run did not use, once ended: a run taken on a guest, or a place in the line,
-    goes back."""
-    if waiting.cancelled() or waiting.exception() is not None:
-        return
-    taken = waiting.result()
-    if isinstance(taken, reuse.WarmGuest):
-        taken.give_back(gone=False)
-    else:
-        taken.leave()
+def _give_unused_back(waiting: asyncio.Future[reuse.WarmGuest]) -> None:
+    """A wait for a spare run that the run gave up, once ended: a run it took goes back."""
+    if not waiting.cancelled() and waiting.exception() is None:
+        waiting.result().give_back(gone=False)
 
 
 async def _take_reused(

@@ -148,6 +148,7 @@ class WarmGuest:
         self._standby_lock = threading.Lock()
         self.standby: _Run | None = None  # the next run's process, forked ahead and waiting
         self.served_ahead = 0  # runs served by a standby
+        self.taken_at: list[float] = []  # when each run now on it took it (oldest first)
 
     @property
     def sandbox_id(self) -> str:
@@ -271,6 +272,7 @@ class Domains:
         self._guests: dict[DomainKey, list[WarmGuest]] = {}
         self._starting: dict[DomainKey, threading.Event] = {}
         self._spare_waiters: dict[DomainKey, list[_Woken]] = {}
+        self._mean_run: dict[DomainKey, float] = {}  # how long a run holds a guest's place
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -283,6 +285,7 @@ class Domains:
         for guest in self._guests.get(key, ()):
             if not guest.gone and guest.runs < key.cfg.reuse_max_runs:
                 guest.runs += 1
+                guest.taken_at.append(time.monotonic())
                 return guest
         return None
 
@@ -295,6 +298,18 @@ class Domains:
         """Whether the domain has a guest, or one being made: a run of it will come free."""
         with self._lock:
             return bool(self._guests.get(key)) or key in self._starting
+
+    def expected_spare_wait(self, key: DomainKey) -> float | None:
+        """How long a run that starts waiting now for a spare run of the domain should expect
+        to wait: the runs waiting before it, plus itself, over the domain's places, times the
+        mean hold of a run (None before a run of the domain ended, or with no guest)."""
+        with self._lock:
+            mean = self._mean_run.get(key)
+            places = sum(key.cfg.reuse_max_runs for g in self._guests.get(key, ()) if not g.gone)
+            waiting = len(self._spare_waiters.get(key, ()))
+        if mean is None or not places:
+            return None
+        return (waiting + 1) * mean / places
 
     async def wait_take(self, key: DomainKey) -> WarmGuest:
         """A guest of the domain with a run to spare, taken as soon as one has (a run of it
@@ -368,6 +383,12 @@ class Domains:
             guest.runs -= 1
             guest.served += 1
             guest.last_used = time.monotonic()
+            if guest.taken_at:  # the oldest run's hold: an estimate, runs need not end in order
+                held = guest.last_used - guest.taken_at.pop(0)
+                mean = self._mean_run.get(guest.key)
+                self._mean_run[guest.key] = (
+                    held if mean is None else mean + admission.HOLD_WEIGHT * (held - mean)
+                )
             if gone and not guest.gone:
                 guest.gone = True
                 self._drop_locked(guest)
@@ -446,6 +467,7 @@ class Domains:
         self._guests = {}
         self._starting = {}
         self._spare_waiters = {}
+        self._mean_run = {}
         self._reaper = None
         self._stop = threading.Event()
 

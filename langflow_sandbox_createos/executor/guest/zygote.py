@@ -138,10 +138,11 @@ def _serve(listener: socket.socket, idle_seconds: float) -> None:
     while True:
         watched = [listener, *(c.conn for c in children.values())]
         ready, _, _ = select.select(watched, [], [], ZYGOTE_TICK_SECONDS)
+        _reap(children)  # first: what a run that ended learned is loaded before the next fork
         for sock in ready:
             if sock is listener:
                 _accept(listener, children)
-            else:
+            elif sock.fileno() in children:  # (a child reaped just now has closed its own)
                 _hung_up(children.pop(sock.fileno()))
         _reap(children)
         if children:
