@@ -356,14 +356,16 @@ async def _slot_or_spare(
     expected = reuse.domains.expected_spare_wait(key)
     if left is None or expected is None or expected <= left:
         spare = asyncio.ensure_future(reuse.domains.wait_take(key))
+        used = False
         try:
             done, _ = await asyncio.wait({spare}, timeout=left)
+            if spare in done:
+                used = True
+                return spare.result(), None
         finally:
-            if not spare.done():
-                spare.cancel()  # one that came in that instant is given back
+            if not used:  # timed out, or the run was cancelled: a run taken in that instant goes back
+                spare.cancel()
                 spare.add_done_callback(_give_unused_back)
-        if spare in done:
-            return spare.result(), None
     logger.warning("%s (%s)", refused, subject)
     raise refused
 

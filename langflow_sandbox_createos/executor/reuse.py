@@ -365,6 +365,7 @@ class Domains:
                 starting.set()
             with self._lock:
                 made.runs = 1
+                made.taken_at.append(time.monotonic())
                 self._guests.setdefault(key, []).append(made)
                 self._start_reaper_locked()
             self._wake(key)  # its other runs are spare

@@ -383,3 +383,24 @@ async def test_the_lines_refusal_stands_when_no_run_of_the_domain_comes_free(
         assert waited >= 2.5, waited
     else:
         assert waited < 2.5, waited
+
+
+async def test_a_run_cancelled_while_it_waits_for_a_spare_run_takes_none(
+    reusing: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Langflow cancels a run whose caller went away: one waiting for a spare run of its domain
+    leaves without taking one, so the guest's one place is free again once its run ends, and
+    the next run is served there (a place taken and never given back would send it elsewhere)."""
+    asleep, first = await _busy_domain(monkeypatch, max_wait=60)
+    second = asyncio.ensure_future(statuses(graph_for()))
+    try:
+        await asyncio.sleep(1.0)
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+    finally:
+        await asleep.aclose()
+    (guest,) = reuse.domains.guests()
+    await until(lambda: guest.runs == 0, "a place of the guest was never given back")
+    (status,) = await statuses(graph_for())
+    assert status.reused and status.sandbox_id == first.sandbox_id, status
