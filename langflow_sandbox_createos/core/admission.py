@@ -56,6 +56,11 @@ def resolve(future: asyncio.Future[None]) -> None:
 HOLD_WEIGHT = 0.2
 
 
+def moving_mean(previous: float | None, seconds: float) -> float:
+    """A hold time's moving mean with ``seconds`` observed (weight :data:`HOLD_WEIGHT`)."""
+    return seconds if previous is None else previous + HOLD_WEIGHT * (seconds - previous)
+
+
 def expected_wait(mean_hold: float | None, ahead: int, limit: int) -> float | None:
     """How long a run arriving behind ``ahead`` waiting runs, with all ``limit`` slots busy,
     should expect to wait: ``ahead + 1`` slots must free, and ``limit`` slots free one every
@@ -137,8 +142,7 @@ class _Counts:
         """A run gave its slot back after holding it ``seconds``: the estimate's one input."""
         seconds = max(0.0, seconds)
         with self._lock:
-            previous = self._mean_hold
-            self._mean_hold = seconds if previous is None else previous + HOLD_WEIGHT * (seconds - previous)
+            self._mean_hold = moving_mean(self._mean_hold, seconds)
 
     @property
     def mean_hold(self) -> float | None:

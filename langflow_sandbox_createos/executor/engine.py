@@ -394,7 +394,7 @@ async def _take_reused(
         timeline.mark("take")
         standby = warm.take_standby()
         if standby is not None:  # the run's process waits already: it needs only the spec
-            spec["reply_dir"] = f"{REPLY_DIR}/{standby.token[:16]}"
+            spec["reply_dir"] = _own_reply_dir(standby)
             try:
                 early, reason = await _hand_over(standby, spec, timeline, "reused guest")
             except BaseException:
@@ -413,7 +413,7 @@ async def _take_reused(
         except BaseException:
             warm.give_back(gone=False)  # nothing ran on it
             raise
-        spec["reply_dir"] = f"{REPLY_DIR}/{run.token[:16]}"  # the run's own, in a shared guest
+        spec["reply_dir"] = _own_reply_dir(run)
         try:
             run.start_exec(await run.stage())
             first = await run.queue.get()
@@ -430,6 +430,11 @@ async def _take_reused(
     raise SandboxExecutionError(
         "CreateOS executor: two reused guests of this flow had no warm runner in a row; the run was not started."
     )
+
+
+def _own_reply_dir(run: _Run) -> str:
+    """A reused guest's run's own reply directory (the guest is shared by runs of its domain)."""
+    return f"{REPLY_DIR}/{run.token[:16]}"
 
 
 async def _take_warm(

@@ -141,7 +141,6 @@ class WarmGuest:
         self.key = key
         self.lease = guest
         self.lfx = lfx
-        self.runs = 0
         self.served = 0
         self.last_used = time.monotonic()
         self.gone = False
@@ -149,6 +148,11 @@ class WarmGuest:
         self.standby: _Run | None = None  # the next run's process, forked ahead and waiting
         self.served_ahead = 0  # runs served by a standby
         self.taken_at: list[float] = []  # when each run now on it took it (oldest first)
+
+    @property
+    def runs(self) -> int:
+        """The runs on it now."""
+        return len(self.taken_at)
 
     @property
     def sandbox_id(self) -> str:
@@ -284,7 +288,6 @@ class Domains:
     def _take_locked(self, key: DomainKey) -> WarmGuest | None:
         for guest in self._guests.get(key, ()):
             if not guest.gone and guest.runs < key.cfg.reuse_max_runs:
-                guest.runs += 1
                 guest.taken_at.append(time.monotonic())
                 return guest
         return None
@@ -307,9 +310,7 @@ class Domains:
             mean = self._mean_run.get(key)
             places = sum(key.cfg.reuse_max_runs for g in self._guests.get(key, ()) if not g.gone)
             waiting = len(self._spare_waiters.get(key, ()))
-        if mean is None or not places:
-            return None
-        return (waiting + 1) * mean / places
+        return admission.expected_wait(mean, waiting, places) if places else None
 
     async def wait_take(self, key: DomainKey) -> WarmGuest:
         """A guest of the domain with a run to spare, taken as soon as one has (a run of it
@@ -364,8 +365,7 @@ class Domains:
                     self._starting.pop(key, None)
                 starting.set()
             with self._lock:
-                made.runs = 1
-                made.taken_at.append(time.monotonic())
+                made.taken_at.append(time.monotonic())  # its first run
                 self._guests.setdefault(key, []).append(made)
                 self._start_reaper_locked()
             self._wake(key)  # its other runs are spare
@@ -381,15 +381,11 @@ class Domains:
         """A run of `guest` ended; a guest found `gone` (its runner or the guest itself) is
         deleted, never handed out again."""
         with self._lock:
-            guest.runs -= 1
             guest.served += 1
             guest.last_used = time.monotonic()
-            if guest.taken_at:  # the oldest run's hold: an estimate, runs need not end in order
-                held = guest.last_used - guest.taken_at.pop(0)
-                mean = self._mean_run.get(guest.key)
-                self._mean_run[guest.key] = (
-                    held if mean is None else mean + admission.HOLD_WEIGHT * (held - mean)
-                )
+            # the oldest run's hold: an estimate, runs need not end in order
+            held = guest.last_used - guest.taken_at.pop(0)
+            self._mean_run[guest.key] = admission.moving_mean(self._mean_run.get(guest.key), held)
             if gone and not guest.gone:
                 guest.gone = True
                 self._drop_locked(guest)

@@ -144,7 +144,6 @@ def _serve(listener: socket.socket, idle_seconds: float) -> None:
                 _accept(listener, children)
             elif sock.fileno() in children:  # (a child reaped just now has closed its own)
                 _hung_up(children.pop(sock.fileno()))
-        _reap(children)
         if children:
             last = time.monotonic()
         elif time.monotonic() - last > idle_seconds:
